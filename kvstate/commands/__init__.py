@@ -1,0 +1,1 @@
+"""Subcommands of the ``kvstate`` CLI: one module per command, each with ``register``."""

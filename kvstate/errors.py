@@ -1,0 +1,41 @@
+"""Typed errors shared across kvstate.
+
+Every rejection the library makes is one of these, so callers can tell a bad
+event (``InvalidEvent``) from exhausted memory (``OutOfMemory``) from a
+malformed log (defined next to the log reader).  All are ``ValueError``s
+except ``OutOfMemory``, which is a ``MemoryError``: it reports a capacity
+condition, not a mistake by the caller.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class InvalidEvent(ValueError):
+    """The reducer rejected an event; the state it was applied to is unchanged.
+
+    Attributes name the event, its sequence number in the state's history and
+    the violated precondition, so a replayed log can point at the exact record.
+    """
+
+    def __init__(self, event: Any, seq: int, precondition: str) -> None:
+        self.event = event
+        self.seq = seq
+        self.precondition = precondition
+        super().__init__(f"event #{seq} {event!r} rejected: {precondition}")
+
+
+class OutOfMemory(MemoryError):
+    """An allocation could not be satisfied even after allowed eviction.
+
+    ``needed`` and ``available`` are in the unit named by ``unit`` (tokens or
+    pages).  Raising it never changes state: the planner computes everything
+    before a single event is applied.
+    """
+
+    def __init__(self, needed: int, available: int, unit: str = "tokens") -> None:
+        self.needed = needed
+        self.available = available
+        self.unit = unit
+        super().__init__(f"out of memory: need {needed} {unit}, only {available} available")

@@ -1,0 +1,187 @@
+"""Named invariant checks over a ``State``: ``check(state) -> list[Violation]``.
+
+Each check recomputes its property from scratch (no trust in the reducer's
+incremental bookkeeping) and reports every violation it finds.  Pure and
+read-only.  The names are stable: logs, the explorer and ``specs/SPEC.md``
+refer to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import attrs
+
+from kvstate.state import DETACHED, ROOT, State
+
+
+@attrs.frozen
+class Violation:
+    check: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.check}] {self.message}"
+
+
+Check = Callable[[State], Iterator[str]]
+CHECKS: dict[str, Check] = {}
+
+
+def _named(name: str) -> Callable[[Check], Check]:
+    def register(fn: Check) -> Check:
+        CHECKS[name] = fn
+        return fn
+
+    return register
+
+
+@_named("conservation")
+def _conservation(state: State) -> Iterator[str]:
+    """Free, request/DETACHED-held and tree-held pages partition pages 1..N."""
+    free = list(state.free_pages)
+    if len(free) != len(set(free)):
+        yield "the free list has a duplicate page"
+    free_set = set(free)
+    held = set(state.holders.keys()) | set(state.page_node.keys())
+    both = free_set & held
+    if both:
+        yield f"pages both free and held: {sorted(both)[:8]}"
+    universe = set(range(1, state.geometry.num_pages + 1))
+    missing = universe - free_set - held
+    if missing:
+        yield f"pages neither free nor held (leaked): {sorted(missing)[:8]}"
+    stray = (free_set | held) - universe
+    if stray:
+        yield f"pages outside 1..N (page 0 is reserved): {sorted(stray)[:8]}"
+
+
+@_named("refcounts")
+def _refcounts(state: State) -> Iterator[str]:
+    """Every holder is real: an open request whose table maps the page, or DETACHED."""
+    for page, held in state.holders.items():
+        if not held:
+            yield f"page {page} has an empty holder entry"
+        if len(held) != len(set(held)):
+            yield f"page {page} lists a holder twice: {list(held)}"
+        for holder in held:
+            if holder == DETACHED:
+                if len(held) > 1:
+                    yield f"page {page} is DETACHED and held by requests {list(held)}"
+                continue
+            record = state.requests.get(holder)
+            if record is None:
+                yield f"page {page} is held by closed request {holder!r}"
+            elif page not in record.pages:
+                yield f"page {page} is held by request {holder!r} but not in its table"
+
+
+@_named("reserved_ids")
+def _reserved_ids(state: State) -> Iterator[str]:
+    """Row 0 and page 0 are never handed out; rows partition into free and open."""
+    if 0 in state.requests:
+        yield "row 0 is open as a request"
+    if 0 in state.holders or 0 in state.page_node or 0 in state.free_pages:
+        yield "page 0 is tracked as free or held"
+    rows = [r for r in state.requests.keys() if isinstance(r, int)]
+    free_rows = list(state.free_rows)
+    if len(free_rows) != len(set(free_rows)):
+        yield "the free row stack has a duplicate row"
+    if sorted(rows + free_rows) != list(range(1, state.geometry.num_rows + 1)):
+        yield "open rows and free rows do not partition 1..num_rows"
+
+
+@_named("tree_sizes")
+def _tree_sizes(state: State) -> Iterator[str]:
+    """evictable + protected == tree tokens; protected exactly where lock_ref > 0."""
+    evictable = protected = 0
+    for node_id, node in state.nodes.items():
+        if node_id == ROOT:
+            continue
+        if node.lock_ref > 0:
+            protected += len(node.key)
+        else:
+            evictable += len(node.key)
+    if (evictable, protected) != (state.evictable_size, state.protected_size):
+        yield (f"evictable/protected are {state.evictable_size}/{state.protected_size}, "
+               f"nodes say {evictable}/{protected}")
+    root = state.nodes.get(ROOT)
+    if root is None or root.lock_ref != 1 or root.key:
+        yield "the root must exist with an empty key and lock_ref 1"
+
+
+@_named("lock_monotonic")
+def _lock_monotonic(state: State) -> Iterator[str]:
+    """lock_ref(parent) >= lock_ref(child) below the root; no negative locks."""
+    for node_id, node in state.nodes.items():
+        if node.lock_ref < 0:
+            yield f"node {node_id} has negative lock_ref {node.lock_ref}"
+        if node_id == ROOT or node.parent == ROOT:
+            continue
+        parent = state.nodes.get(node.parent)
+        if parent is not None and parent.lock_ref < node.lock_ref:
+            yield f"node {node_id} lock_ref {node.lock_ref} exceeds its parent's {parent.lock_ref}"
+
+
+@_named("node_shape")
+def _node_shape(state: State) -> Iterator[str]:
+    """Keys and values agree, are page multiples, and the child index is exact."""
+    geometry = state.geometry
+    size = geometry.page_size
+    for node_id, node in state.nodes.items():
+        if node_id != ROOT:
+            if not node.key or len(node.key) != len(node.pages) * size:
+                yield f"node {node_id} key length {len(node.key)} vs {len(node.pages)} pages"
+            parent = state.nodes.get(node.parent)
+            if parent is None:
+                yield f"node {node_id} has missing parent {node.parent}"
+            elif parent.children.get(geometry.child_key(node.key)) != node_id:
+                yield f"node {node_id} is not indexed under its first page in its parent"
+            for page in node.pages:
+                if state.page_node.get(page) != node_id:
+                    yield f"node {node_id} page {page} is not recorded as its"
+        for child_key, child_id in node.children.items():
+            child = state.nodes.get(child_id)
+            if child is None or child.parent != node_id:
+                yield f"node {node_id} child {child_id} does not point back"
+            elif geometry.child_key(child.key) != child_key:
+                yield f"node {node_id} indexes child {child_id} under a wrong key"
+    for page, node_id in state.page_node.items():
+        node = state.nodes.get(node_id)
+        if node is None or page not in node.pages:
+            yield f"page {page} claims tree node {node_id}, which does not hold it"
+
+
+@_named("request_lengths")
+def _request_lengths(state: State) -> Iterator[str]:
+    """committed <= allocated <= row width; the page table covers exactly the mapped tokens."""
+    size, width = state.geometry.page_size, state.geometry.row_width
+    for request_id, record in state.requests.items():
+        if not 0 <= record.committed <= record.allocated <= width:
+            yield (f"request {request_id!r}: committed {record.committed}, "
+                   f"allocated {record.allocated}, width {width}")
+        if len(record.pages) != -(-record.allocated // size):
+            yield f"request {request_id!r}: {len(record.pages)} pages for {record.allocated} tokens"
+
+
+@_named("table_refs_live")
+def _table_refs_live(state: State) -> Iterator[str]:
+    """Every page a request maps is held by it or by the tree (no use-after-free)."""
+    for request_id, record in state.requests.items():
+        for page in record.pages:
+            if page not in state.page_node and request_id not in state.holders.get(page, ()):
+                yield f"request {request_id!r} maps page {page}, which neither it nor the tree holds"
+
+
+@_named("clock")
+def _clock(state: State) -> Iterator[str]:
+    """No node was touched after the logical clock."""
+    for node_id, node in state.nodes.items():
+        if node.last_access > state.clock:
+            yield f"node {node_id} access time {node.last_access} is after clock {state.clock}"
+
+
+def check(state: State, names: tuple[str, ...] | None = None) -> list[Violation]:
+    """Run the named checks (all by default) and return every violation found."""
+    selected = CHECKS if names is None else {n: CHECKS[n] for n in names}
+    return [Violation(name, message) for name, fn in selected.items() for message in fn(state)]

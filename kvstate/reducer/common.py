@@ -1,0 +1,61 @@
+"""Precondition helpers shared by the reducer rules (pure, raise ``Reject``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from immutables import Map
+
+from kvstate.reducer import Reject
+from kvstate.state import DETACHED, RequestId, State
+
+
+def check_distinct(values: Sequence[object], what: str) -> None:
+    if len(set(values)) != len(values):
+        seen: set[object] = set()
+        for value in values:
+            if value in seen:
+                raise Reject(f"duplicate {what} {value!r} in one event")
+            seen.add(value)
+
+
+def check_page_id(state: State, page: int) -> None:
+    if page == 0:
+        raise Reject("page 0 is the reserved padding page")
+    if not 1 <= page <= state.geometry.num_pages:
+        raise Reject(f"page {page} is outside 1..{state.geometry.num_pages}")
+
+
+def check_request(state: State, request_id: RequestId) -> None:
+    if request_id not in state.requests:
+        raise Reject(f"unknown request {request_id!r}")
+
+
+def check_time(state: State, time: int) -> None:
+    if time < state.clock:
+        raise Reject(f"logical time {time} is before the clock {state.clock}")
+
+
+def release_holds(
+    holders: Map[int, tuple[RequestId, ...]],
+    page_node: Map[int, int],
+    request_id: RequestId,
+    pages: Iterable[int],
+) -> Map[int, tuple[RequestId, ...]]:
+    """Drop ``request_id``'s hold on ``pages``; a page left with no holder becomes DETACHED.
+
+    Pages the request references but does not hold (tree pages) are skipped.
+    """
+    with holders.mutate() as out:
+        for page in pages:
+            held = out.get(page)
+            if held is None or request_id not in held:
+                continue
+            rest = tuple(h for h in held if h != request_id)
+            if rest:
+                out[page] = rest
+            elif page in page_node:
+                del out[page]
+            else:
+                out[page] = (DETACHED,)
+        return out.finish()
