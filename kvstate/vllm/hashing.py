@@ -43,6 +43,8 @@ __all__ = [
     "hash_block_tokens",
     "none_hash",
     "request_block_hashes",
+    "sglang_event_hash",
+    "sglang_page_hash",
     "sha256_cbor",
     "to_event_extra_keys",
 ]
@@ -223,3 +225,22 @@ def to_event_extra_keys(
         else:
             published.append(tuple(key[1:] if key[0] == "mm" else key[1] for key in keys))
     return published or None
+
+
+def sglang_page_hash(prior_digest: bytes | None, page_token_ids: Sequence[int]) -> bytes:
+    """SGLang's per-page digest: ``sha256(prior_digest || tokens as uint32 LE)``.
+
+    ``prior_digest`` is the previous page's 32-byte digest, or ``None`` under
+    the radix root.  Provided so SGLang event streams can be checked on import.
+    """
+    data = bytearray(prior_digest or b"")
+    for token_id in page_token_ids:
+        if isinstance(token_id, bool) or not 0 <= token_id < (1 << 32):
+            raise ValueError(f"SGLang token ids must fit in uint32, got {token_id!r}")
+        data += token_id.to_bytes(4, "little")
+    return hashlib.sha256(bytes(data)).digest()
+
+
+def sglang_event_hash(page_digest: bytes) -> int:
+    """The id SGLang publishes for a page: its first 8 bytes as a signed int64."""
+    return int.from_bytes(page_digest[:8], "big", signed=True)

@@ -20,9 +20,11 @@ Two wire forms (``format=`` of :func:`encode_event_batch`):
     them) and a ``BlockRemoved`` 4; fields that 0.33 added later are appended
     only when set, so older positional decoders still read the prefix.
 
-:func:`decode_event_batch` accepts both, plus SGLang's batches (fewer trailing
-fields, signed int64 hashes, ``attn_dp_rank`` in the rank slot).  Malformed
-input raises :class:`KVEventDecodeError` and never a bare msgpack error.
+:func:`decode_event_batch` accepts both, plus SGLang's batches: the older
+positional ones (fewer trailing fields) and SGLang 0.5.23's maps (which omit
+``medium`` / ``lora_name`` when None and add ``cache_salt``, dropped here),
+with signed int64 hashes and ``attn_dp_rank`` in the batch's rank slot.
+Malformed input raises :class:`KVEventDecodeError`, never a bare msgpack error.
 """
 
 from __future__ import annotations
@@ -162,7 +164,8 @@ class KVEventBatch:
     data_parallel_rank: int | None = None
 
 
-# Field layouts.  Each entry: (name, required-in-map-form).
+# Field layouts in declaration order: (name, always written in map form).
+# vLLM 0.33 writes the fields without a default even when they are None.
 _STORED_FIELDS: tuple[tuple[str, bool], ...] = (
     ("block_hashes", True),
     ("parent_block_hash", True),
@@ -190,6 +193,10 @@ _REMOVED_FIELDS: tuple[tuple[str, bool], ...] = (
 # How many fields the array form always writes (the snapshot schema of reference §2.4).
 _STORED_ARRAY_FIXED = 11
 _REMOVED_ARRAY_FIXED = 3
+# Fields a decoded event must carry.  Narrower than "always written": SGLang
+# leaves out ``medium`` and ``lora_name`` when they are None, and older vLLM
+# schemas lack them, so the decoder fills them with None.
+_DECODE_REQUIRED = frozenset({"block_hashes", "parent_block_hash", "token_ids", "block_size"})
 
 _LAYOUTS: dict[str, tuple[tuple[str, bool], ...]] = {
     "BlockStored": _STORED_FIELDS,
@@ -199,39 +206,71 @@ _LAYOUTS: dict[str, tuple[tuple[str, bool], ...]] = {
 _FIXED_ARRAY_FIELDS = {"BlockStored": _STORED_ARRAY_FIXED, "BlockRemoved": _REMOVED_ARRAY_FIXED}
 
 
-def _event_to_wire(event: KVCacheEvent, wire_format: WireFormat) -> Any:
+def _pack(value: Any) -> bytes:
+    try:
+        return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+    except (OverflowError, TypeError, ValueError) as error:
+        raise KVEventEncodeError(f"cannot encode {value!r}: {error}") from error
+
+
+def _array_header(count: int) -> bytes:
+    if count < 16:
+        return bytes((0x90 | count,))
+    if count < 0x10000:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def _map_header(count: int, max_count: int) -> bytes:
+    # msgspec sizes a struct's map header by the most entries it could write
+    # (every field plus the tag), then fills in the real count: a BlockStored
+    # (16 possible entries) always gets a map16 header, even with 8 entries.
+    if max_count < 16:
+        return bytes((0x80 | count,))
+    if max_count < 0x10000:
+        return b"\xde" + count.to_bytes(2, "big")
+    return b"\xdf" + count.to_bytes(4, "big")
+
+
+def _encode_event(event: KVCacheEvent, wire_format: WireFormat) -> bytes:
     tag = type(event).__name__
     if tag not in _LAYOUTS:
         raise KVEventEncodeError(f"not a KV cache event: {event!r}")
     layout = _LAYOUTS[tag]
     if wire_format == "map":
-        wire_map: dict[str, Any] = {"type": tag}
+        parts = [_pack("type"), _pack(tag)]
         for name, required in layout:
             value = getattr(event, name)
             if required or value is not None:
-                wire_map[name] = value
-        return wire_map
+                parts.append(_pack(name))
+                parts.append(_pack(value))
+        return _map_header(len(parts) // 2, len(layout) + 1) + b"".join(parts)
     values = [getattr(event, name) for name, _ in layout]
     fixed = _FIXED_ARRAY_FIELDS.get(tag, 0)
     count = len(values)
     while count > fixed and values[count - 1] is None:
         count -= 1
-    return [tag, *values[:count]]
+    return _pack([tag, *values[:count]])
 
 
 def encode_event_batch(batch: KVEventBatch, format: WireFormat = "map") -> bytes:
-    """Encode a batch as msgpack in the given wire form (pure; returns new bytes)."""
+    """Encode a batch as msgpack in the given wire form (pure; returns new bytes).
+
+    The bytes equal what vLLM's ``msgspec.msgpack.Encoder`` writes for the same
+    batch ("map") or what the array-like schema wrote ("array").
+    """
     if format not in ("map", "array"):
         raise ValueError(f"format must be 'map' or 'array', not {format!r}")
-    wire = [
-        batch.ts,
-        [_event_to_wire(event, format) for event in batch.events],
-        batch.data_parallel_rank,
-    ]
-    try:
-        return msgpack.packb(wire, use_bin_type=True)
-    except (OverflowError, TypeError, ValueError) as error:
-        raise KVEventEncodeError(f"cannot encode KV event batch: {error}") from error
+    events = [_encode_event(event, format) for event in batch.events]
+    return b"".join(
+        [
+            b"\x93",
+            _pack(batch.ts),
+            _array_header(len(events)),
+            *events,
+            _pack(batch.data_parallel_rank),
+        ]
+    )
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -348,8 +387,10 @@ def _decode_event(raw: Any, where: str) -> KVCacheEvent:
         for name, required in _LAYOUTS[tag]:
             if name in raw:
                 fields[name] = _CHECKERS[name](raw[name], f"{where}.{name}")
-            elif required:
+            elif name in _DECODE_REQUIRED:
                 raise _fail(where, f"{tag} lacks required field {name!r}")
+            elif required:
+                fields[name] = None
         return _CLASSES[tag](**fields)  # type: ignore[no-any-return]
     if isinstance(raw, list):
         if not raw or raw[0] not in _CLASSES:

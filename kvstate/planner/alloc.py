@@ -1,0 +1,153 @@
+"""Allocation planning: SGLang's slot arithmetic plus scheduler-level eviction.
+
+``extend_slots`` and ``decode_slots`` are the pure math of SGLang's
+``alloc_extend`` / ``alloc_decode`` (page size P)::
+
+    positions  prefix_len ......................................... seq_len
+               | part 1: rest of the | part 2: whole new | part 3: new  |
+               | old partial page    | pages             | partial page |
+               last_loc+1, +2, ...     page*P + k          page*P + k
+
+New pages come from the head of the free list, request by request.  The bare
+allocator flows never evict; ``plan_extend`` / ``plan_decode`` are the
+scheduler-level flows that evict exactly the deficit first and return
+``None`` (with no events) on a logical out-of-memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvstate.events import Allocate, Append
+from kvstate.planner.builder import Plan, PlanBuilder
+from kvstate.planner.evict import Priority, lru_priority, plan_evict
+from kvstate.state import RequestId, State
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def new_pages_for_extend(page_size: int, prefix_len: int, seq_len: int) -> int:
+    return cdiv(seq_len, page_size) - cdiv(prefix_len, page_size)
+
+
+def extend_slots(
+    page_size: int,
+    entries: Sequence[tuple[int, int, int]],
+    free_pages: Sequence[int],
+) -> list[list[int]]:
+    """Slots for each ``(prefix_len, seq_len, last_loc)``; consumes ``free_pages`` in order."""
+    size = page_size
+    out: list[list[int]] = []
+    page_start = 0
+    for prefix_len, seq_len, last_loc in entries:
+        slots: list[int] = []
+        boundary = cdiv(prefix_len, size) * size
+        fill = min(seq_len, boundary) - prefix_len
+        slots.extend(range(last_loc + 1, last_loc + 1 + fill))
+        whole = seq_len // size * size
+        taken = 0
+        for offset in range(max(whole - boundary, 0)):
+            slots.append(free_pages[page_start + offset // size] * size + offset % size)
+        taken = max(whole - boundary, 0) // size
+        tail = seq_len - whole if seq_len > boundary else 0
+        if tail:
+            page = free_pages[page_start + taken]
+            slots.extend(page * size + k for k in range(tail))
+            taken += 1
+        page_start += taken
+        out.append(slots)
+    return out
+
+
+def decode_slots(
+    page_size: int, entries: Sequence[tuple[int, int]], free_pages: Sequence[int]
+) -> list[int]:
+    """One slot per ``(seq_len_before, last_loc)``: ``last_loc + 1`` or a fresh page's first slot."""
+    out: list[int] = []
+    taken = 0
+    for seq_len, last_loc in entries:
+        if seq_len % page_size == 0:
+            out.append(free_pages[taken] * page_size)
+            taken += 1
+        else:
+            out.append(last_loc + 1)
+    return out
+
+
+def _ensure_pages(
+    builder: PlanBuilder, pages_needed: int, at_head: bool, priority: Priority
+) -> bool:
+    """Evict exactly the page deficit (in tokens); False if still short."""
+    available = len(builder.state.free_pages)
+    if pages_needed <= available:
+        return True
+    size = builder.state.geometry.page_size
+    builder.extend(plan_evict(builder.state, (pages_needed - available) * size,
+                              at_head=at_head, priority=priority))
+    return pages_needed <= len(builder.state.free_pages)
+
+
+def _last_loc(state: State, request_id: RequestId) -> int:
+    record = state.requests[request_id]
+    if record.allocated == 0:
+        return -1
+    size = state.geometry.page_size
+    position = record.allocated - 1
+    return record.pages[position // size] * size + position % size
+
+
+def plan_extend(
+    state: State,
+    items: Sequence[tuple[RequestId, int]],
+    *,
+    at_head: bool,
+    priority: Priority = lru_priority,
+    commit: bool = True,
+) -> Plan[list[list[int]]] | None:
+    """Grow each request to ``seq_len`` from its mapped length (one batched Allocate).
+
+    Evicts only the page deficit; returns ``None`` when that cannot cover it.
+    With ``commit`` the new tokens are also marked written (SGLang's extend).
+    """
+    size = state.geometry.page_size
+    entries = []
+    pages_needed = 0
+    for request_id, seq_len in items:
+        prefix_len = state.requests[request_id].allocated
+        entries.append((prefix_len, seq_len, _last_loc(state, request_id)))
+        pages_needed += new_pages_for_extend(size, prefix_len, seq_len)
+    builder = PlanBuilder(state)
+    if not _ensure_pages(builder, pages_needed, at_head, priority):
+        return None
+    fresh = builder.state.free_pages.head(pages_needed)
+    slots = extend_slots(size, entries, fresh)
+    builder.emit(Allocate(tuple(fresh), tuple(
+        (request_id, tuple(s)) for (request_id, _), s in zip(items, slots, strict=True))))
+    if commit:
+        builder.emit(Append(tuple((request_id, seq_len) for request_id, seq_len in items)))
+    return builder.done(slots)
+
+
+def plan_decode(
+    state: State,
+    request_ids: Sequence[RequestId],
+    *,
+    at_head: bool,
+    priority: Priority = lru_priority,
+) -> Plan[list[int]] | None:
+    """One new token for each request: a batched Allocate plus Append (one decode step)."""
+    size = state.geometry.page_size
+    requests = state.requests
+    lengths = [requests[r].allocated for r in request_ids]
+    pages_needed = sum(1 for length in lengths if length % size == 0)
+    builder = PlanBuilder(state)
+    if not _ensure_pages(builder, pages_needed, at_head, priority):
+        return None
+    fresh = builder.state.free_pages.head(pages_needed)
+    entries = [(length, _last_loc(state, r)) for r, length in zip(request_ids, lengths, strict=True)]
+    slots = decode_slots(size, entries, fresh)
+    builder.emit(Allocate(tuple(fresh), tuple((r, (s,)) for r, s in zip(request_ids, slots, strict=True))))
+    builder.emit(Append(tuple((r, n + 1) for r, n in zip(request_ids, lengths, strict=True))))
+    return builder.done(slots)

@@ -1,0 +1,71 @@
+"""Eviction planning: which unlocked leaves go, in what order.
+
+The default priority is SGLang's LRU: oldest ``last_access`` first, ties
+broken by the older node (smaller id).  A parent that loses its last child
+and is unlocked becomes a candidate in the same pass with its own (older)
+time.  Whole nodes are evicted, so the plan may overshoot ``num_tokens``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+from kvstate.events import Evict
+from kvstate.planner.builder import Plan, PlanBuilder
+from kvstate.state import ROOT, State
+
+Priority = Callable[[State, int], Any]
+
+
+def lru_priority(state: State, node_id: int) -> tuple[int, int]:
+    return (state.nodes[node_id].last_access, node_id)
+
+
+def fifo_priority(state: State, node_id: int) -> tuple[int, int]:
+    return (node_id, node_id)  # node ids are handed out in creation order
+
+
+def evictable_leaves(state: State) -> list[int]:
+    return [
+        node_id
+        for node_id, node in state.nodes.items()
+        if node_id != ROOT and node.lock_ref == 0 and len(node.children) == 0
+    ]
+
+
+def eviction_order(state: State, num_tokens: int, priority: Priority = lru_priority) -> list[int]:
+    """Node ids to evict, in order, until at least ``num_tokens`` are covered (or none remain)."""
+    heap = [(priority(state, n), n) for n in evictable_leaves(state)]
+    heapq.heapify(heap)
+    remaining_children = {}
+    order: list[int] = []
+    evicted = 0
+    nodes = state.nodes
+    while evicted < num_tokens and heap:
+        _, node_id = heapq.heappop(heap)
+        node = nodes[node_id]
+        order.append(node_id)
+        evicted += len(node.key)
+        parent_id = node.parent
+        if parent_id == ROOT:
+            continue
+        left = remaining_children.get(parent_id, len(nodes[parent_id].children)) - 1
+        remaining_children[parent_id] = left
+        if left == 0 and nodes[parent_id].lock_ref == 0:
+            heapq.heappush(heap, (priority(state, parent_id), parent_id))
+    return order
+
+
+def plan_evict(
+    state: State, num_tokens: int, *, at_head: bool, priority: Priority = lru_priority
+) -> Plan[int]:
+    """Evict at least ``num_tokens`` tokens if possible; the result is the tokens evicted."""
+    builder = PlanBuilder(state)
+    order = eviction_order(state, num_tokens, priority) if num_tokens > 0 else []
+    if not order:
+        return builder.done(0)
+    evicted = sum(len(state.nodes[n].key) for n in order)
+    builder.emit(Evict(tuple(order), at_head))
+    return builder.done(evicted)

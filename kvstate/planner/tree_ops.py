@@ -1,0 +1,144 @@
+"""Planning radix-tree walks: ``plan_match`` and ``plan_insert`` (SGLang semantics).
+
+Both are page-aligned and both *mutate* in SGLang: a match that ends inside a
+node splits it, and every node a walk visits gets the walk's access time.
+Here those mutations are events, emitted in this order::
+
+    Touch(root + visited nodes, t)      one time for the whole walk
+    Split(node, at, new_id, t + 1)      at most one per walk; new node is later
+    Insert(parent, rest, ..., t + 2)    insert only; the new leaf is later still
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from kvstate.events import Insert, Split, Touch
+from kvstate.planner.builder import Plan, PlanBuilder
+from kvstate.state import ROOT, RequestId, State
+
+
+@attrs.frozen
+class MatchResult:
+    slots: tuple[int, ...]
+    last_node: int
+    length: int
+
+
+@attrs.frozen
+class InsertResult:
+    prefix_len: int  # tokens that were already in the tree (the caller's copies are duplicates)
+    last_node: int
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix, by slice compares (C speed)."""
+    limit = min(len(a), len(b))
+    if a[:limit] == b[:limit]:
+        return limit
+    low, high = 0, limit  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+@attrs.frozen
+class _Walk:
+    visited: tuple[int, ...]
+    node: int  # deepest node fully matched
+    position: int  # tokens matched through ``node``
+    split_node: int | None  # child that matches only ``split_at`` more tokens
+    split_at: int
+    pages: tuple[int, ...]  # pages of every fully matched node, in order
+
+
+def _walk(state: State, key: tuple[int, ...]) -> _Walk:
+    size = state.geometry.page_size
+    nodes = state.nodes
+    node_id, position = ROOT, 0
+    visited = [ROOT]
+    pages: list[int] = []
+    while position < len(key):
+        child_id = nodes[node_id].children.get(state.geometry.child_key(key[position:]))
+        if child_id is None:
+            break
+        child = nodes[child_id]
+        visited.append(child_id)
+        rest = key[position:]
+        matched = common_prefix(child.key, rest) // size * size
+        if matched < len(child.key):
+            return _Walk(tuple(visited), node_id, position, child_id, matched, tuple(pages))
+        pages.extend(child.pages)
+        node_id, position = child_id, position + matched
+    return _Walk(tuple(visited), node_id, position, None, 0, tuple(pages))
+
+
+def _slots(pages: Sequence[int], size: int) -> tuple[int, ...]:
+    if size == 1:
+        return tuple(pages)
+    return tuple(page * size + offset for page in pages for offset in range(size))
+
+
+def plan_match(state: State, key: Sequence[int], *, limit: int | None = None) -> Plan[MatchResult]:
+    """Longest page-aligned cached prefix of ``key[:limit]``, splitting a partly matched node."""
+    size = state.geometry.page_size
+    tokens = tuple(key if limit is None else key[:limit])
+    tokens = tokens[: len(tokens) // size * size]
+    builder = PlanBuilder(state)
+    if not tokens:
+        return builder.done(MatchResult((), ROOT, 0))
+    walk = _walk(state, tokens)
+    time = state.clock + 1
+    builder.emit(Touch(walk.visited, time))
+    pages = list(walk.pages)
+    last, length = walk.node, walk.position
+    if walk.split_node is not None:
+        new_id = state.next_node_id
+        builder.emit(Split(walk.split_node, walk.split_at, new_id, time + 1))
+        pages.extend(builder.state.nodes[new_id].pages)
+        last, length = new_id, walk.position + walk.split_at
+    return builder.done(MatchResult(_slots(pages, size), last, length))
+
+
+def plan_insert(
+    state: State, key: Sequence[int], slots: Sequence[int], owner: RequestId
+) -> Plan[InsertResult]:
+    """Insert page-aligned ``key -> slots``; ``owner``'s holds on new pages move to the tree."""
+    size = state.geometry.page_size
+    aligned = len(key) // size * size
+    tokens, values = tuple(key[:aligned]), tuple(slots[:aligned])
+    builder = PlanBuilder(state)
+    time = state.clock + 1
+    if not tokens:
+        builder.emit(Touch((ROOT,), time))
+        return builder.done(InsertResult(0, ROOT))
+    walk = _walk(state, tokens)
+    builder.emit(Touch(walk.visited, time))
+    parent, position = walk.node, walk.position
+    if walk.split_node is not None:
+        time += 1
+        parent = state.next_node_id
+        builder.emit(Split(walk.split_node, walk.split_at, parent, time))
+        position += walk.split_at
+    if position == len(tokens):
+        return builder.done(InsertResult(position, parent))
+    time += 1
+    leaf = builder.state.next_node_id
+    builder.emit(Insert(parent, tokens[position:], values[position:], leaf, time, owner))
+    return builder.done(InsertResult(position, leaf))
+
+
+def prefix_length(state: State, key: Sequence[int]) -> int:
+    """Tokens of the page-aligned ``key`` already in the tree (read-only, no events)."""
+    size = state.geometry.page_size
+    tokens = tuple(key[: len(key) // size * size])
+    if not tokens:
+        return 0
+    walk = _walk(state, tokens)
+    return walk.position + (walk.split_at if walk.split_node is not None else 0)

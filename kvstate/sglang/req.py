@@ -1,0 +1,37 @@
+"""``Req``: the per-request fields SGLang's cache flows read and write.
+
+A plain mutable record owned by the caller (the scheduler); the cache
+updates ``req_pool_idx``, ``prefix_indices``, ``last_node`` and
+``cache_protected_len`` in ``cache_*_req``.  It holds no core state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+class Req:
+    def __init__(self, rid: Any, origin_input_ids: Sequence[int],
+                 output_ids: Sequence[int] | None = None) -> None:
+        self.rid = rid
+        self.origin_input_ids = [int(t) for t in origin_input_ids]
+        self.output_ids = [] if output_ids is None else [int(t) for t in output_ids]
+        self.req_pool_idx: int | None = None
+        self.prefix_indices = torch.empty((0,), dtype=torch.int64)
+        self.last_node: Any = None
+        self.cache_protected_len = 0
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def extend_input_len(self) -> int:
+        return len(self.fill_ids) - len(self.prefix_indices)
+
+    def __repr__(self) -> str:
+        return (f"Req(rid={self.rid!r}, input={len(self.origin_input_ids)}, "
+                f"output={len(self.output_ids)}, row={self.req_pool_idx})")
