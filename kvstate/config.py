@@ -34,7 +34,7 @@ def _non_negative_int(name: str, value: object) -> int:
 def _fraction(name: str, value: object) -> Fraction:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
-    exact = Fraction(str(value)) if isinstance(value, float) else Fraction(value)  # type: ignore[arg-type]
+    exact = Fraction(str(value)) if isinstance(value, float) else Fraction(str(value))
     if not 0 < exact <= 1:
         raise ValueError(f"{name} must be in (0, 1], got {value}")
     return exact

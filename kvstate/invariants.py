@@ -105,8 +105,8 @@ def _tree_sizes(state: State) -> Iterator[str]:
     if (evictable, protected) != (state.evictable_size, state.protected_size):
         yield (f"evictable/protected are {state.evictable_size}/{state.protected_size}, "
                f"nodes say {evictable}/{protected}")
-    root = state.nodes.get(ROOT)
-    if root is None or root.lock_ref != 1 or root.key:
+    root_node = state.nodes.get(ROOT)
+    if root_node is None or root_node.lock_ref != 1 or root_node.key:
         yield "the root must exist with an empty key and lock_ref 1"
 
 
@@ -146,10 +146,10 @@ def _node_shape(state: State) -> Iterator[str]:
                 yield f"node {node_id} child {child_id} does not point back"
             elif geometry.child_key(child.key) != child_key:
                 yield f"node {node_id} indexes child {child_id} under a wrong key"
-    for page, node_id in state.page_node.items():
-        node = state.nodes.get(node_id)
-        if node is None or page not in node.pages:
-            yield f"page {page} claims tree node {node_id}, which does not hold it"
+    for page, owner_id in state.page_node.items():
+        owner = state.nodes.get(owner_id)
+        if owner is None or page not in owner.pages:
+            yield f"page {page} claims tree node {owner_id}, which does not hold it"
 
 
 @_named("request_lengths")

@@ -39,7 +39,7 @@ def eviction_order(state: State, num_tokens: int, priority: Priority = lru_prior
     """Node ids to evict, in order, until at least ``num_tokens`` are covered (or none remain)."""
     heap = [(priority(state, n), n) for n in evictable_leaves(state)]
     heapq.heapify(heap)
-    remaining_children = {}
+    remaining_children: dict[int, int] = {}
     order: list[int] = []
     evicted = 0
     nodes = state.nodes

@@ -101,9 +101,10 @@ def plan_release(
     """Finish (``checkpoint=True``) or retract (``False``) a request.
 
     ``owned`` is the KV length the request has written (SGLang's committed
-    length); only ``token_ids[:owned]`` is cached.  Frees the owned range ``[protected_len, allocated)`` page by page in row
-    order, drops the lock, and closes the row unless ``close_row`` is False
-    (then the row is truncated to its tree-owned prefix).
+    length); only ``token_ids[:owned]`` is cached.  Frees the owned range
+    ``[protected_len, allocated)`` page by page in row order, drops the
+    lock, and closes the row unless ``close_row`` is False (then the row is
+    truncated to its tree-owned prefix).
     """
     builder = PlanBuilder(state)
     request_id = cursor.request

@@ -58,4 +58,5 @@ def release_holds(
                 del out[page]
             else:
                 out[page] = (DETACHED,)
-        return out.finish()
+        result = out.finish()
+    return result

@@ -99,7 +99,8 @@ def append(state: State, event: Append) -> State:
                 raise Reject(f"append cannot lower committed tokens of {request_id!r} "
                              f"from {record.committed} to {committed}")
             out[request_id] = Request(record.pages, record.allocated, committed)
-        return state.with_changes(requests=out.finish())
+        requests = out.finish()
+    return state.with_changes(requests=requests)
 
 
 @handles(Assign)

@@ -122,7 +122,8 @@ def touch(state: State, event: Touch) -> State:
             if node is None:
                 raise Reject(f"unknown tree node {node_id}")
             out[node_id] = _evolve(node, last_access=event.time)
-        return state.with_changes(nodes=out.finish(), clock=event.time)
+        nodes = out.finish()
+    return state.with_changes(nodes=nodes, clock=event.time)
 
 
 @handles(Lock)

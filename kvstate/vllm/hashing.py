@@ -109,10 +109,7 @@ def hash_block_tokens(
         if isinstance(token_id, bool) or not isinstance(token_id, int):
             raise TypeError(f"token ids must be ints, got {token_id!r}")
     payload = (
-        b"\x83"
-        + encode_canonical(bytes(parent))
-        + _encode_tokens(token_ids)
-        + encode_canonical(extra_keys)
+        b"\x83" + encode_canonical(bytes(parent)) + _encode_tokens(token_ids) + encode_canonical(extra_keys)
     )
     return hashlib.sha256(payload).digest()
 

@@ -29,13 +29,18 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import zmq
 
-from kvstate.vllm.kv_events import KVEventBatch, WireFormat, decode_event_batch, encode_event_batch
+from kvstate.vllm.kv_events import (
+    KVEventBatch,
+    KVEventDecodeError,
+    WireFormat,
+    decode_event_batch,
+    encode_event_batch,
+)
 
 __all__ = [
     "END_SEQ",
@@ -134,14 +139,15 @@ class ZmqEventPublisher:
         bind: bool | None = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
-        config = KVEventsConfig(True, "zmq", endpoint, replay_endpoint, buffer_steps, hwm,
-                                max_queue_size, topic)
+        config = KVEventsConfig(
+            True, "zmq", endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic
+        )
         self.config = config
         self.data_parallel_rank = data_parallel_rank
         self.wire_format: WireFormat = wire_format
         self.replay_with_topic = replay_with_topic
         self._topic = topic.encode("utf-8")
-        self._queue: queue.Queue[KVEventBatch | None] = queue.Queue(maxsize=max_queue_size)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=max_queue_size)
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=buffer_steps)
         self._next_seq = 0
         self._published = threading.Condition()
@@ -172,18 +178,26 @@ class ZmqEventPublisher:
         """Build a publisher from a config whose publisher resolves to ``"zmq"``."""
         if config.publisher != "zmq":
             raise ValueError(f"config selects the {config.publisher!r} publisher, not 'zmq'")
-        return cls(data_parallel_rank, config.endpoint, config.replay_endpoint,
-                   config.buffer_steps, config.hwm, config.max_queue_size, config.topic,
-                   **options)
+        return cls(
+            data_parallel_rank,
+            config.endpoint,
+            config.replay_endpoint,
+            config.buffer_steps,
+            config.hwm,
+            config.max_queue_size,
+            config.topic,
+            **options,
+        )
 
     def publish(self, batch: KVEventBatch) -> None:
-        """Queue a batch (blocking while the queue is full).  A batch without a
+        """Encode a batch here (so a bad batch raises ``KVEventEncodeError`` to the
+        caller) and queue it, blocking while the queue is full.  A batch without a
         rank is stamped with this publisher's ``data_parallel_rank``."""
         if not self._running:
             raise RuntimeError("publisher is shut down")
         if batch.data_parallel_rank is None:
             batch = attrs.evolve(batch, data_parallel_rank=self.data_parallel_rank)
-        self._queue.put(batch)
+        self._queue.put(encode_event_batch(batch, self.wire_format))
 
     def wait_published(self, count: int, timeout_s: float) -> bool:
         """Block until at least ``count`` batches have been sent; False on timeout."""
@@ -213,14 +227,13 @@ class ZmqEventPublisher:
             if self._replay is not None and self._replay.poll(0):
                 self._serve_replay()
             try:
-                batch = self._queue.get(timeout=0.01)
+                payload = self._queue.get(timeout=0.01)
             except queue.Empty:
                 continue
-            if batch is None:
+            if payload is None:
                 return
             seq = self._next_seq
             self._next_seq += 1
-            payload = encode_event_batch(batch, self.wire_format)
             self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append((seq, payload))
             with self._published:
@@ -281,6 +294,10 @@ class KVEventSubscriber:
         self.missed: list[tuple[int, int]] = []
         """Inclusive ranges of sequence numbers that replay could not supply."""
         self.replay_requests = 0
+        self.undecodable: list[tuple[int, bytes, KVEventDecodeError]] = []
+        """``(seq, payload, error)`` for payloads that did not decode; kept, not raised."""
+        self.malformed_messages = 0
+        """Live messages that were not ``[topic, 8-byte seq, payload]``; dropped."""
         self._ready: collections.deque[SequencedBatch] = collections.deque()
 
     def close(self) -> None:
@@ -293,13 +310,14 @@ class KVEventSubscriber:
         """Wait up to ``timeout_s`` for the next live message; return every batch
         now in order (replayed ones first).  Returns ``[]`` on timeout.
 
-        A payload that does not decode raises ``KVEventDecodeError`` after the
-        batches before it are kept for the next call.
+        A payload that does not decode still advances ``last_seq`` and is
+        recorded in :attr:`undecodable`.
         """
-        if not self._ready and self._sub.poll(int(timeout_s * 1000)):
+        if self._sub.poll(int(timeout_s * 1000)):
             frames = self._sub.recv_multipart()
             if len(frames) != 3 or len(frames[1]) != 8:
-                raise ValueError(f"expected [topic, seq, payload], got {len(frames)} frames")
+                self.malformed_messages += 1
+                return []
             seq = int.from_bytes(frames[1], "big")
             expected = self.last_seq + 1 if self.last_seq is not None else self._start_seq
             if expected is not None and seq > expected:
@@ -342,8 +360,11 @@ class KVEventSubscriber:
             replies.append((int.from_bytes(seq_frame, "big"), payload))
 
     def _fill_gap(self, first_missing: int, live_seq: int) -> None:
-        recovered = {seq: payload for seq, payload in self.request_replay(first_missing)
-                     if first_missing <= seq < live_seq}
+        recovered = {
+            seq: payload
+            for seq, payload in self.request_replay(first_missing)
+            if first_missing <= seq < live_seq
+        }
         next_expected = first_missing
         for seq in sorted(recovered):
             if seq > next_expected:
@@ -357,9 +378,7 @@ class KVEventSubscriber:
         if self.last_seq is not None and seq <= self.last_seq:
             return  # already delivered (a duplicate from replay)
         self.last_seq = seq
-        self._ready.append(SequencedBatch(seq, decode_event_batch(payload)))
-
-
-def sequence_frames(topic: str, seq: int, payload: bytes) -> Sequence[bytes]:
-    """The three PUB frames vLLM sends for one batch."""
-    return (topic.encode("utf-8"), seq.to_bytes(8, "big"), payload)
+        try:
+            self._ready.append(SequencedBatch(seq, decode_event_batch(payload)))
+        except KVEventDecodeError as error:
+            self.undecodable.append((seq, payload, error))
