@@ -160,6 +160,35 @@ class Free(Event):
     at_head: bool = attrs.field(default=False, converter=bool)
 
 
+@event("sh")
+@attrs.frozen
+class Share(Event):
+    """Map already-held ``slots`` into a request's table at ``start`` and add it as a holder.
+
+    This is reference counting (vLLM's ``ref_cnt``, seed 002's shared prefix):
+    each page gains the request as one more holder.  Pages must be held by
+    the tree or by other requests, never free or DETACHED.
+    """
+
+    request: RequestId = attrs.field(converter=_request_id)
+    start: int = attrs.field(converter=int)
+    slots: tuple[int, ...] = attrs.field(converter=ints)
+
+
+@event("cp")
+@attrs.frozen
+class Copy(Event):
+    """Copy page contents ``src_pages[i] -> dst_pages[i]`` (copy-on-write; data plane).
+
+    The state does not change; the event exists so an executor moves the
+    bytes and a log shows the copy.  Sources must be held; destinations must
+    be DETACHED (freshly allocated, not yet visible to anyone).
+    """
+
+    src_pages: tuple[int, ...] = attrs.field(converter=ints)
+    dst_pages: tuple[int, ...] = attrs.field(converter=ints)
+
+
 # -- radix tree -------------------------------------------------------------
 @event("in")
 @attrs.frozen

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pyrsistent import pvector
 
-from kvstate.events import Allocate, Append, Assign, Free, Truncate
+from kvstate.events import Allocate, Append, Assign, Copy, Free, Share, Truncate
 from kvstate.reducer import Reject, handles
 from kvstate.reducer.common import check_distinct, check_page_id, check_request, release_holds
 from kvstate.state import DETACHED, Request, State
@@ -198,3 +198,60 @@ def free(state: State, event: Free) -> State:
     queue = state.free_pages
     queue = queue.push_head(pages) if event.at_head else queue.push_tail(pages)
     return state.with_changes(holders=holders, free_pages=queue)
+
+
+@handles(Share)
+def share(state: State, event: Share) -> State:
+    request_id, start, slots = event.request, event.start, event.slots
+    check_request(state, request_id)
+    record = state.requests[request_id]
+    size = state.geometry.page_size
+    if start != record.allocated or start % size:
+        raise Reject(f"share must start at the request's page-aligned end {record.allocated}, "
+                     f"got {start}")
+    if start + len(slots) > state.geometry.row_width:
+        raise Reject(f"share past the row width {state.geometry.row_width}")
+    pages: list[int] = []
+    for position, slot in zip(range(start, start + len(slots)), slots, strict=True):
+        page, offset = divmod(slot, size)
+        if offset != position % size:
+            raise Reject(f"slot {slot} at position {position} breaks slot % P == pos % P")
+        if offset == 0:
+            pages.append(page)
+        elif not pages or pages[-1] != page:
+            raise Reject(f"slot {slot} is not in the page being shared")
+    check_distinct(pages, "page")
+    holders = state.holders
+    with holders.mutate() as out:
+        for page in pages:
+            held = out.get(page, ())
+            if page not in state.page_node and not held:
+                check_page_id(state, page)
+                raise Reject(f"page {page} is free; share only pages someone holds")
+            if held == (DETACHED,):
+                raise Reject(f"page {page} is DETACHED; write it with Assign instead")
+            if request_id in held:
+                raise Reject(f"request {request_id!r} already holds page {page}")
+            out[page] = (*held, request_id)
+        holders = out.finish()
+    new_record = Request(record.pages.extend(pages), start + len(slots), record.committed)
+    return state.with_changes(holders=holders,
+                              requests=state.requests.set(request_id, new_record))
+
+
+@handles(Copy)
+def copy(state: State, event: Copy) -> State:
+    if len(event.src_pages) != len(event.dst_pages):
+        raise Reject("copy needs one destination page per source page")
+    check_distinct(event.dst_pages, "destination page")
+    for page in event.src_pages:
+        check_page_id(state, page)
+        if page not in state.page_node and page not in state.holders:
+            raise Reject(f"copy source page {page} is free")
+    for page in event.dst_pages:
+        check_page_id(state, page)
+        if state.holders.get(page) != (DETACHED,):
+            raise Reject(f"copy destination page {page} must be freshly allocated (DETACHED)")
+    if set(event.src_pages) & set(event.dst_pages):
+        raise Reject("copy source and destination overlap")
+    return state
