@@ -16,6 +16,13 @@ Two halves, run with two interpreters (not a CI dependency):
 
    recomputes every case with ``kvstate.vllm`` and reports each mismatch
    (exit status 1 if any).  The values the tests pin were taken from step 1.
+
+Transport: ``--zmq-serve PORT`` (peer venv) runs vLLM's ``ZmqEventPublisher`` on
+loopback ports PORT and PORT+1 and publishes before anyone subscribes;
+``--zmq-check PORT`` (kvstate) then subscribes late with ``start_seq=0`` and must
+recover the early batches through vLLM's replay socket, in order.
+``--zmq-publish PORT`` (kvstate) and ``--zmq-consume PORT`` (peer venv) are the
+reverse: vLLM's msgspec types decode kvstate's live and replayed payloads.
 """
 
 from __future__ import annotations
@@ -269,12 +276,146 @@ def check(reference: dict[str, Any]) -> list[str]:
     return problems
 
 
+def zmq_serve(port: int, count: int, linger_s: float) -> None:
+    """Peer venv: vLLM's own ZmqEventPublisher on loopback, publishing ``count`` batches."""
+    import time
+
+    from vllm.distributed import kv_events as vkv
+
+    publisher = vkv.ZmqEventPublisher(
+        data_parallel_rank=0,
+        endpoint=f"tcp://*:{port}",
+        replay_endpoint=f"tcp://*:{port + 1}",
+        topic="kv-events",
+    )
+    for index in range(count):
+        publisher.publish(
+            vkv.KVEventBatch(ts=float(index), events=[vkv.BlockRemoved(block_hashes=[index], medium="GPU")])
+        )
+    deadline = time.monotonic() + linger_s
+    index = count
+    while time.monotonic() < deadline:  # keep publishing so a late subscriber sees live traffic
+        publisher.publish(
+            vkv.KVEventBatch(ts=float(index), events=[vkv.BlockRemoved(block_hashes=[index], medium="GPU")])
+        )
+        index += 1
+        time.sleep(0.05)
+    publisher.shutdown()
+
+
+def zmq_check(port: int, count: int) -> list[str]:
+    """kvstate side: subscribe late to vLLM's publisher and catch up through its replay socket."""
+    import time
+
+    from kvstate.vllm.kv_events import BlockRemoved
+    from kvstate.vllm.zmq_events import KVEventSubscriber
+
+    subscriber = KVEventSubscriber(
+        f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", topic="kv-events", start_seq=0
+    )
+    received = []
+    deadline = time.monotonic() + 20
+    while len(received) < count + 5 and time.monotonic() < deadline:
+        received.extend(subscriber.receive(timeout_s=0.5))
+    subscriber.close()
+    problems = []
+    if [item.seq for item in received] != list(range(len(received))) or len(received) < count + 5:
+        problems.append(f"sequence {[item.seq for item in received][:20]}...")
+    for item in received:
+        if item.batch.events != (BlockRemoved([item.seq], "GPU"),) or item.batch.data_parallel_rank != 0:
+            problems.append(f"batch {item.seq}: {item.batch}")
+    if subscriber.replay_requests < 1 or subscriber.missed:
+        problems.append(f"replay_requests={subscriber.replay_requests} missed={subscriber.missed}")
+    return problems
+
+
+def zmq_publish(port: int, count: int, linger_s: float) -> None:
+    """kvstate side: our publisher on loopback, for --zmq-consume."""
+    import time
+
+    from kvstate.vllm.kv_events import BlockRemoved, KVEventBatch
+    from kvstate.vllm.zmq_events import ZmqEventPublisher
+
+    publisher = ZmqEventPublisher(
+        endpoint=f"tcp://*:{port}", replay_endpoint=f"tcp://*:{port + 1}", topic="kv-events"
+    )
+    deadline = time.monotonic() + linger_s
+    index = 0
+    while index < count or time.monotonic() < deadline:
+        publisher.publish(KVEventBatch(ts=float(index), events=[BlockRemoved([index], "GPU")]))
+        index += 1
+        if index >= count:
+            time.sleep(0.05)
+    publisher.shutdown()
+
+
+def zmq_consume(port: int, count: int) -> list[str]:
+    """Peer venv: decode kvstate's stream with vLLM's own msgspec types, replay over DEALER."""
+    import msgspec
+    import zmq
+    from vllm.distributed import kv_events as vkv
+
+    decoder = msgspec.msgpack.Decoder(type=vkv.KVEventBatch)
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+    dealer = context.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{port + 1}")
+    problems: list[str] = []
+    if not sub.poll(20_000):
+        return ["no live message"]
+    _, seq_frame, payload = sub.recv_multipart()
+    live_seq = int.from_bytes(seq_frame, "big")
+    dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    seqs = []
+    while dealer.poll(5_000):
+        frames = dealer.recv_multipart()
+        if frames[2] == (-1).to_bytes(8, "big", signed=True):
+            break
+        seq = int.from_bytes(frames[2], "big")
+        batch = decoder.decode(frames[3])
+        if batch.events[0].block_hashes != [seq] or frames[1] != b"kv-events":
+            problems.append(f"replayed batch {seq}: {batch}")
+        seqs.append(seq)
+    if seqs[: live_seq + 1] != list(range(live_seq + 1)) or live_seq < count - 1:
+        problems.append(f"replayed seqs {seqs[:10]}..., live {live_seq}")
+    if decoder.decode(payload).events[0].block_hashes != [live_seq]:
+        problems.append("live payload")
+    context.destroy(linger=0)
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--emit", action="store_true", help="run vLLM (peer venv), print JSON")
     mode.add_argument("--check", metavar="JSON", help="compare kvstate against emitted JSON")
+    mode.add_argument("--zmq-serve", metavar="PORT", type=int, help="run vLLM's publisher (peer venv)")
+    mode.add_argument("--zmq-check", metavar="PORT", type=int, help="subscribe to it with kvstate")
+    mode.add_argument("--zmq-publish", metavar="PORT", type=int, help="run kvstate's publisher")
+    mode.add_argument("--zmq-consume", metavar="PORT", type=int, help="consume it with vLLM (peer venv)")
+    parser.add_argument("--count", type=int, default=20, help="batches published before subscribing")
+    parser.add_argument("--linger", type=float, default=15.0, help="seconds --zmq-serve keeps publishing")
     args = parser.parse_args(argv)
+    if args.zmq_serve is not None:
+        zmq_serve(args.zmq_serve, args.count, args.linger)
+        return 0
+    if args.zmq_publish is not None:
+        zmq_publish(args.zmq_publish, args.count, args.linger)
+        return 0
+    if args.zmq_consume is not None:
+        problems = zmq_consume(args.zmq_consume, args.count)
+        for problem in problems:
+            print("MISMATCH", problem)
+        print(f"{'FAIL' if problems else 'OK'}: vLLM's decoder and DEALER replay against kvstate's publisher")
+        return 1 if problems else 0
+    if args.zmq_check is not None:
+        problems = zmq_check(args.zmq_check, args.count)
+        for problem in problems:
+            print("MISMATCH", problem)
+        print(f"{'FAIL' if problems else 'OK'}: kvstate subscriber against vLLM's ZmqEventPublisher")
+        return 1 if problems else 0
     if args.emit:
         json.dump(emit(), sys.stdout, indent=1, sort_keys=True)
         print()

@@ -177,7 +177,7 @@ def truncate(state: State, event: Truncate) -> State:
 @handles(Free)
 def free(state: State, event: Free) -> State:
     pages = event.pages
-    check_distinct(pages, "page (double free inside one free)")
+    check_distinct(pages, "page")  # a duplicate inside one free is a double free
     holders = state.holders
     for page in pages:
         held = holders.get(page)
