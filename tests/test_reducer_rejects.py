@@ -4,7 +4,16 @@ import pytest
 
 from kvstate import Geometry, InvalidEvent, apply, apply_all, check, initial_state
 from kvstate.events import (
-    Allocate, Append, Evict, Free, Insert, Lock, ReqAlloc, Split, Touch, Unlock,
+    Allocate,
+    Append,
+    Evict,
+    Free,
+    Insert,
+    Lock,
+    ReqAlloc,
+    Split,
+    Touch,
+    Unlock,
 )
 
 

@@ -394,3 +394,68 @@ def test_shipped_mooncake_head_shares_the_system_prompt_block() -> None:
     assert all(r.block_keys[0] == 0 for r in requests)
     first = requests[0].prompt_token_ids
     assert all(common_prefix(first, r.prompt_token_ids) >= min(512, r.prompt_length) for r in requests)
+
+
+# --- token materialisation ------------------------------------------------------------------
+
+
+def test_without_tokens_the_ids_are_computed_on_demand_and_identical(tmp_path: Path) -> None:
+    moon = write_jsonl(tmp_path / "m.jsonl", [mooncake(0, 1100, [0, 1, 2]), mooncake(1, 600, [0, 4])])
+    archive = write_archive(tmp_path / "t.tar.xz", two_conversations())
+    azure = tmp_path / "az.csv"
+    azure.write_text(AZURE_HEADER + "2023-11-16 18:00:00.0,4,1\n", encoding="utf-8")
+    for path in (moon, archive, azure):
+        stored = list(read_trace(path))
+        lazy = list(read_trace(path, with_tokens=False))
+        assert [r.prompt_token_ids for r in lazy] == [()] * len(stored)
+        assert [r.token_ids() for r in lazy] == [r.prompt_token_ids for r in stored]
+        assert [r.with_token_ids() for r in lazy] == stored
+        assert [r.prompt_length for r in lazy] == [len(r.prompt_token_ids) for r in stored]
+
+
+def test_trace_request_rejects_inconsistent_lengths() -> None:
+    with pytest.raises(ValueError, match="3 token ids for prompt_length 4"):
+        TraceRequest("r", 0, 0.0, 4, 1, "s", private_tail=4, prompt_token_ids=(1, 2, 3))
+    with pytest.raises(ValueError, match="blocks cover 6 tokens, prompt_length is 5"):
+        TraceRequest("r", 0, 0.0, 5, 1, "s", block_size=4, block_keys=(1, 2), block_token_counts=(4, 2))
+
+
+# --- the independent reference simulator in tools/ ------------------------------------------
+
+
+def reference_simulator():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "trace_hit_rates.py"
+    spec = importlib.util.spec_from_file_location("trace_hit_rates", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reference_simulator_hand_computed_policies() -> None:
+    sim = reference_simulator()
+    trace = sim.BlockTrace()
+    for hashes in ([1, 2], [1, 3], [1, 2]):
+        trace.add(hashes, [10, 10])
+    everything = sim.infinite(trace)
+    assert (everything.hit_tokens, everything.total_tokens, everything.hit_blocks) == (30, 60, 3)
+    # Leaf LRU, 2 blocks: B evicts leaf 2 (never the shared parent 1); C hits 1 only.
+    lru = sim.leaf_lru(trace, 2)
+    assert (lru.hit_tokens, lru.evicted_blocks) == (20, 2)
+    # FIFO, 2 blocks: B's insert evicts the oldest block, the shared parent 1, so C misses.
+    first_in = sim.fifo(trace, 2)
+    assert (first_in.hit_tokens, first_in.evicted_blocks) == (10, 3)
+    # Warmup 0.5 measures only the last two requests (floor(3 * 0.5) = 1 warmed).
+    assert sim.infinite(trace, 0.5).total_tokens == 40
+    assert sim.leaf_lru(trace, 50, 0.5, require_full=True).underfilled
+
+
+def test_reference_simulator_same_id_under_different_parents_is_a_different_block() -> None:
+    sim = reference_simulator()
+    trace = sim.BlockTrace()
+    trace.add([1, 5], [4, 4])
+    trace.add([2, 5], [4, 4])
+    assert sim.infinite(trace).hit_tokens == 0
+    assert len(trace.parent) == 5  # root + 4 distinct trie nodes

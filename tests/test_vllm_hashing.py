@@ -27,6 +27,7 @@ from kvstate.vllm.hashing import (
     sglang_event_hash,
     sglang_page_hash,
     sha256_cbor,
+    sha256_pickle,
     to_event_extra_keys,
 )
 
@@ -328,3 +329,46 @@ def test_sglang_page_hash_variant() -> None:
     assert sglang_event_hash(second) == 9163096264030462659
     with pytest.raises(ValueError, match="uint32"):
         sglang_page_hash(None, [2**32])
+
+
+# vLLM 0.33 with its default prefix_caching_hash_algo="sha256" (pickle), same Python 3.11.
+def test_sha256_pickle_algorithm_matches_vllm() -> None:
+    plain = request_block_hashes(list(range(1, 11)), 4, hash_seed="0", hash_algo="sha256")
+    assert [h.hex() for h in plain] == [
+        "762b2e7e1520febd3a0aedb7358e8602facf3924440e18538fce057e23bae91d",
+        "9e62b5a7ec298f33cb4c7d9e00b659874bb2432d23ad6879ad1746592a2b036b",
+    ]
+    default_seed = request_block_hashes(list(range(1, 11)), 4, hash_algo="sha256")
+    assert [external_block_hash(h) for h in default_seed] == [1882140585328457242, 15284023028817948126]
+    tenant = request_block_hashes(
+        list(range(12)),
+        4,
+        hash_algo="sha256",
+        lora_name="adapter-x",
+        lora_path="/adapters/x",
+        cache_salt="tenant-1",
+    )
+    assert [external_block_hash(h) for h in tenant] == [
+        6109046382519848628,
+        16381036274425806070,
+        1570029293988145758,
+    ]
+    spans = [MultiModalSpan("img-a", 2, 5), MultiModalSpan("img-b", 9, 3), MultiModalSpan("img-c", 13, 6)]
+    images = request_block_hashes(list(range(100, 120)), 4, hash_seed="0", hash_algo="sha256", mm_spans=spans)
+    assert [external_block_hash(h) for h in images] == [
+        13598522116873088514,
+        17266896818065063184,
+        16221662308337755660,
+        6119245894975000777,
+        14313068644276905245,
+    ]
+    assert none_hash("0", "sha256") == sha256_pickle("0")
+
+
+def test_unknown_hash_algo_is_rejected() -> None:
+    with pytest.raises(ValueError, match="hash_algo"):
+        none_hash(None, "xxhash")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="hash_algo"):
+        request_block_hashes([1, 2], 2, hash_algo="md5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="hash_algo"):
+        hash_block_tokens(b"\x01" * 32, [1], None, hash_algo="md5")  # type: ignore[arg-type]

@@ -64,6 +64,9 @@ HASH_CASES: list[tuple[str, str | None, int, list[int], Any, Any, list[Any], lis
     ("appended_outputs", "7", 4, [5, 6, 7, 8, 9], None, "s", [("m", 1, 2)], [10, 11, 12, 13, 14]),
 ]
 
+# Cases also run with vLLM's default ``sha256`` (pickle) algorithm.
+PICKLE_CASES = ("plain_seed0", "plain_default_seed", "lora_and_salt", "multimodal")
+
 
 def _batch_cases(kv: Any) -> list[tuple[str, Any]]:
     """Event batches built from a module exposing vLLM's event class names."""
@@ -152,12 +155,8 @@ def emit() -> dict[str, Any]:
     """Run vLLM 0.33 itself over every case (peer venv only)."""
     import msgspec
     from vllm.distributed import kv_events as vkv
-    from vllm.lora.request import LoRARequest
-    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256_cbor
+    from vllm.utils.hashing import sha256, sha256_cbor
     from vllm.v1.core import kv_cache_utils as kcu
-    from vllm.v1.request import Request
 
     result: dict[str, Any] = {"vllm_version": __import__("vllm").__version__}
     none_hashes = {}
@@ -170,13 +169,34 @@ def emit() -> dict[str, Any]:
         none_hashes[repr(seed)] = kcu.NONE_HASH.hex()
     result["none_hash"] = none_hashes
 
+    for result_key, hash_fn in (("hashes", sha256_cbor), ("hashes_sha256", sha256)):
+        result[result_key] = _emit_hashes(hash_fn, result_key == "hashes")
+    result["batches_map"] = {name: msgspec.msgpack.encode(batch).hex() for name, batch in _batch_cases(vkv)}
+    decoder = msgspec.msgpack.Decoder(type=vkv.KVEventBatch)
+    try:
+        decoder.decode(bytes.fromhex("93cb3ff00000000000009191b0416c6c426c6f636b73436c6561726564c0"))
+        result["array_form_rejected"] = False
+    except msgspec.DecodeError as error:
+        result["array_form_rejected"] = str(error)
+    return result
+
+
+def _emit_hashes(hash_fn: Any, all_cases: bool) -> dict[str, Any]:
+    from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core import kv_cache_utils as kcu
+    from vllm.v1.request import Request
+
     hashes = {}
     for name, seed, block_size, tokens, lora, salt, mm, appended in HASH_CASES:
+        if not all_cases and name not in PICKLE_CASES:
+            continue
         if seed is None:
             os.environ.pop("PYTHONHASHSEED", None)
         else:
             os.environ["PYTHONHASHSEED"] = seed
-        kcu.init_none_hash(sha256_cbor)
+        kcu.init_none_hash(hash_fn)
         features = [
             MultiModalFeatureSpec(
                 data=None,
@@ -194,7 +214,7 @@ def emit() -> dict[str, Any]:
             mm_features=features or None,
             lora_request=LoRARequest(lora[0], 1, lora[1]) if lora else None,
             cache_salt=salt,
-            block_hasher=kcu.get_request_block_hasher(block_size, sha256_cbor),
+            block_hasher=kcu.get_request_block_hasher(block_size, hash_fn),
         )
         if appended:
             request.append_output_token_ids(list(appended))
@@ -213,15 +233,7 @@ def emit() -> dict[str, Any]:
             "event_extra_keys": repr(kcu.to_event_extra_keys(tagged)),
             "num_tokens": len(all_tokens),
         }
-    result["hashes"] = hashes
-    result["batches_map"] = {name: msgspec.msgpack.encode(batch).hex() for name, batch in _batch_cases(vkv)}
-    decoder = msgspec.msgpack.Decoder(type=vkv.KVEventBatch)
-    try:
-        decoder.decode(bytes.fromhex("93cb3ff00000000000009191b0416c6c426c6f636b73436c6561726564c0"))
-        result["array_form_rejected"] = False
-    except msgspec.DecodeError as error:
-        result["array_form_rejected"] = str(error)
-    return result
+    return hashes
 
 
 def check(reference: dict[str, Any]) -> list[str]:
@@ -241,8 +253,13 @@ def check(reference: dict[str, Any]) -> list[str]:
         seed = None if seed_repr == "None" else seed_repr.strip("'")
         if none_hash(seed).hex() != expected:
             problems.append(f"none_hash({seed_repr})")
-    for name, seed, block_size, tokens, lora, salt, mm, appended in HASH_CASES:
-        expected = reference["hashes"][name]
+    for algo, name, seed, block_size, tokens, lora, salt, mm, appended in [
+        (algo, *case)
+        for algo, result_key in (("sha256_cbor", "hashes"), ("sha256", "hashes_sha256"))
+        for case in HASH_CASES
+        if case[0] in reference[result_key]
+    ]:
+        expected = reference["hashes" if algo == "sha256_cbor" else "hashes_sha256"][name]
         spans = [MultiModalSpan(ident, offset, length) for ident, offset, length in mm]
         options: dict[str, Any] = {
             "lora_name": lora[0] if lora else None,
@@ -250,13 +267,15 @@ def check(reference: dict[str, Any]) -> list[str]:
             "mm_spans": spans,
             "cache_salt": salt,
         }
+        options["hash_algo"] = algo
         prompt_hashes = request_block_hashes(tokens, block_size, hash_seed=seed, **options)
         all_tokens = list(tokens) + list(appended)
         ours = prompt_hashes + request_block_hashes(
             all_tokens, block_size, hash_seed=seed, known_hashes=prompt_hashes, **options
         )
+        del options["hash_algo"]
         if [h.hex() for h in ours] != expected["block_hashes"]:
-            problems.append(f"{name}: block hashes differ")
+            problems.append(f"{algo} {name}: block hashes differ")
         if [external_block_hash(h) for h in ours] != expected["external"]:
             problems.append(f"{name}: external hashes differ")
         tagged = [

@@ -135,7 +135,7 @@ class RadixCache(FrontEndMixin):
     def cache_finished_req(self, req: Req) -> None:
         """Cache ``(input + output)[:-1]`` (the last token has no KV), free the rest and the row."""
         row = self._row(req)
-        token_ids = req.fill_ids[:-1]
+        token_ids = (req.origin_input_ids + req.output_ids)[:-1]
         plan = plan_release(self.engine.state, self._cursor(req, row), token_ids,
                             prompt_len=len(req.origin_input_ids), owned=len(token_ids),
                             checkpoint=not self.disable, at_head=self.page_size > 1)
@@ -145,9 +145,9 @@ class RadixCache(FrontEndMixin):
     def cache_unfinished_req(self, req: Req) -> None:
         """Publish ``fill_ids`` so far and rebind the row to the canonical tree slots."""
         row = self._row(req)
-        fill = req.fill_ids
         if self.disable:
             return
+        fill = req.fill_ids[: self.engine.state.requests[row].allocated]
         plan = plan_checkpoint(self.engine.state, self._cursor(req, row), fill,
                                prompt_len=len(req.origin_input_ids), up_to=len(fill),
                                at_head=self.page_size > 1)

@@ -23,10 +23,15 @@ class Req:
         self.prefix_indices = torch.empty((0,), dtype=torch.int64)
         self.last_node: Any = None
         self.cache_protected_len = 0
+        self.fill_ids: list[int] = self.origin_input_ids + self.output_ids
 
-    @property
-    def fill_ids(self) -> list[int]:
-        return self.origin_input_ids + self.output_ids
+    def init_next_round_input(self) -> None:
+        """Refresh ``fill_ids`` (SGLang does this when it schedules the next forward).
+
+        ``fill_ids`` deliberately lags a freshly sampled token: it is what the
+        last forward computed KV for, which is what ``cache_unfinished_req`` caches.
+        """
+        self.fill_ids = self.origin_input_ids + self.output_ids
 
     @property
     def extend_input_len(self) -> int:

@@ -54,17 +54,20 @@ def read_trace(
     trace_format: TraceFormat | None = None,
     limit: int | None = None,
     block_size: int | None = None,
+    with_tokens: bool = True,
 ) -> Iterator[TraceRequest]:
     """Stream the requests of ``path`` with the reader for ``trace_format``.
 
     ``block_size`` overrides the Mooncake hash-block size (default 512); the
     other formats carry or need none.  ``limit`` stops after that many requests.
+    ``with_tokens=False`` skips storing ``prompt_token_ids`` (see
+    ``TraceRequest.token_ids``) for block-level consumers.
     """
     chosen = trace_format or detect_format(path)
     if chosen == "mooncake":
-        return read_mooncake(path, block_size=block_size or 512, limit=limit)
+        return read_mooncake(path, block_size=block_size or 512, limit=limit, with_tokens=with_tokens)
     if chosen == "kvcache-tester":
-        return read_kvcache_tester(path, limit=limit)
+        return read_kvcache_tester(path, limit=limit, with_tokens=with_tokens)
     if chosen == "azure":
-        return read_azure(path, limit=limit)
+        return read_azure(path, limit=limit, with_tokens=with_tokens)
     raise ValueError(f"unknown trace format {chosen!r}; expected one of {TRACE_FORMATS}")

@@ -46,8 +46,13 @@ def _count(text: str, name: str, minimum: int, path: str, line_number: int) -> i
     return value
 
 
-def read_azure(path: str | Path, limit: int | None = None) -> Iterator[TraceRequest]:
-    """Yield the rows of an Azure 2023 CSV as ``TraceRequest`` values, lazily."""
+def read_azure(
+    path: str | Path, limit: int | None = None, with_tokens: bool = True
+) -> Iterator[TraceRequest]:
+    """Yield the rows of an Azure 2023 CSV as ``TraceRequest`` values, lazily.
+
+    ``with_tokens=False`` leaves ``prompt_token_ids`` empty (see ``TraceRequest.token_ids``).
+    """
     name = str(path)
     source = Path(path).name
     with open(path, encoding="utf-8", newline="") as handle:
@@ -80,8 +85,10 @@ def read_azure(path: str | Path, limit: int | None = None) -> Iterator[TraceRequ
                 request_id=f"{source}#{line_number}",
                 sequence=sequence,
                 arrival_s=arrival_s,
-                prompt_token_ids=tuple(private_tokens(sequence, prompt)),
+                prompt_length=prompt,
                 output_length=output,
                 source=source,
+                private_tail=prompt,
+                prompt_token_ids=tuple(private_tokens(sequence, prompt)) if with_tokens else (),
             )
             sequence += 1

@@ -120,6 +120,7 @@ def read_kvcache_tester(
     conversation_start: ConversationStart = "sequential",
     limit: int | None = None,
     conversations: Iterable[str] | None = None,
+    with_tokens: bool = True,
 ) -> Iterator[TraceRequest]:
     """Yield the requests of kv-cache-tester traces lazily.
 
@@ -128,6 +129,9 @@ def read_kvcache_tester(
     ``"zero"`` keeps each conversation's own clock (every one starts at 0).
     ``conversations`` restricts the stream to those trace ids (namespacing
     still uses the position in the full input, so keys stay stable).
+    ``with_tokens=False`` skips storing token ids (the full archive holds
+    about 6.8 billion prompt tokens); ``TraceRequest.token_ids()`` still
+    computes them per request.
     """
     wanted = None if conversations is None else set(conversations)
     source = Path(path).name
@@ -156,13 +160,17 @@ def read_kvcache_tester(
                 request_id=f"{trace_id}/{label}",
                 sequence=sequence,
                 arrival_s=offset_s + arrival_s,
-                prompt_token_ids=prompt_tokens(keys, counts, block_size, sequence, tail),
+                prompt_length=entry["in"],
                 output_length=entry["out"],
                 source=source,
                 conversation=trace_id,
                 block_size=block_size,
                 block_keys=keys,
                 block_token_counts=counts,
+                private_tail=tail,
+                prompt_token_ids=prompt_tokens(keys, counts, block_size, sequence, tail)
+                if with_tokens
+                else (),
             )
             sequence += 1
             last_s = arrival_s

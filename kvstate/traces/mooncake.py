@@ -36,7 +36,7 @@ def _int_field(record: dict[str, Any], name: str, minimum: int, where: tuple[str
 
 
 def parse_mooncake_line(
-    line: str, path: str, line_number: int, sequence: int, block_size: int
+    line: str, path: str, line_number: int, sequence: int, block_size: int, with_tokens: bool = True
 ) -> TraceRequest:
     """Parse one JSONL line into a ``TraceRequest`` (raises ``TraceFormatError``)."""
     where = (path, line_number)
@@ -73,23 +73,29 @@ def parse_mooncake_line(
         request_id=f"{Path(path).name}#{line_number}",
         sequence=sequence,
         arrival_s=timestamp / 1000.0,
-        prompt_token_ids=prompt_tokens(hash_ids, counts, block_size, sequence),
+        prompt_length=input_length,
         output_length=output_length,
         source=Path(path).name,
         conversation="",
         block_size=block_size,
         block_keys=tuple(hash_ids),
         block_token_counts=tuple(counts),
+        prompt_token_ids=prompt_tokens(hash_ids, counts, block_size, sequence) if with_tokens else (),
     )
 
 
 def read_mooncake(
-    path: str | Path, block_size: int = MOONCAKE_BLOCK_SIZE, limit: int | None = None
+    path: str | Path,
+    block_size: int = MOONCAKE_BLOCK_SIZE,
+    limit: int | None = None,
+    with_tokens: bool = True,
 ) -> Iterator[TraceRequest]:
     """Yield the requests of a Mooncake JSONL file lazily, in file order.
 
     Blank lines are skipped (but still counted for line numbers).  ``limit``
-    stops after that many requests.  The file is closed when the generator is
+    stops after that many requests.  ``with_tokens=False`` leaves
+    ``prompt_token_ids`` empty (``TraceRequest.token_ids()`` computes them on
+    demand), which block-level consumers use to skip the cost.  The file is closed when the generator is
     exhausted or closed.
     """
     if block_size < 1:
@@ -102,5 +108,5 @@ def read_mooncake(
                 return
             if not line.strip():
                 continue
-            yield parse_mooncake_line(line, name, line_number, sequence, block_size)
+            yield parse_mooncake_line(line, name, line_number, sequence, block_size, with_tokens)
             sequence += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from kvstate.vllm.hashing import (
     DEFAULT_NONE_HASH_SEED,
+    HashAlgo,
     MultiModalSpan,
     block_extra_keys,
     external_block_hash,
@@ -21,6 +22,7 @@ from kvstate.vllm.hashing import (
     none_hash,
     request_block_hashes,
     sha256_cbor,
+    sha256_pickle,
     to_event_extra_keys,
 )
 from kvstate.vllm.kv_events import (
@@ -40,6 +42,7 @@ __all__ = [
     "BlockStored",
     "KVEventBatch",
     "KVEventDecodeError",
+    "HashAlgo",
     "MultiModalSpan",
     "block_extra_keys",
     "decode_event_batch",
@@ -49,5 +52,6 @@ __all__ = [
     "none_hash",
     "request_block_hashes",
     "sha256_cbor",
+    "sha256_pickle",
     "to_event_extra_keys",
 ]

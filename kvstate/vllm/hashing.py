@@ -26,9 +26,10 @@ Everything here is a pure function of its arguments; nothing is mutated.
 from __future__ import annotations
 
 import hashlib
+import pickle
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -36,6 +37,7 @@ from kvstate.vllm.cbor import encode_canonical
 
 __all__ = [
     "DEFAULT_NONE_HASH_SEED",
+    "HashAlgo",
     "MultiModalSpan",
     "block_extra_keys",
     "block_hash_with_group_id",
@@ -46,6 +48,7 @@ __all__ = [
     "sglang_event_hash",
     "sglang_page_hash",
     "sha256_cbor",
+    "sha256_pickle",
     "to_event_extra_keys",
 ]
 
@@ -53,7 +56,12 @@ DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 """The seed vLLM 0.33 derives ``NONE_HASH`` from when ``PYTHONHASHSEED`` is unset."""
 
 _LOW_64_BITS = (1 << 64) - 1
-_SMALL_UINTS = tuple(bytes((value,)) for value in range(24))
+
+
+HashAlgo = Literal["sha256_cbor", "sha256"]
+"""``sha256_cbor`` (reproducible anywhere) or vLLM's default ``sha256`` over a
+pickle, which matches vLLM only on the same pickle protocol (Python 3.8+ gives
+the same bytes for these plain tuples, bytes, ints and strings)."""
 
 
 def sha256_cbor(value: Any) -> bytes:
@@ -61,12 +69,24 @@ def sha256_cbor(value: Any) -> bytes:
     return hashlib.sha256(encode_canonical(value)).digest()
 
 
+def sha256_pickle(value: Any) -> bytes:
+    """vLLM's ``sha256``: SHA-256 of ``pickle.dumps(value, HIGHEST_PROTOCOL)`` (dumps only)."""
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
 @lru_cache(maxsize=64)
-def _none_hash_for_seed(seed: str) -> bytes:
+def _none_hash_for_seed(seed: str, hash_algo: HashAlgo) -> bytes:
+    if hash_algo == "sha256":
+        return sha256_pickle(seed)
     return sha256_cbor(seed)
 
 
-def none_hash(hash_seed: str | int | None = None) -> bytes:
+def _check_algo(hash_algo: str) -> None:
+    if hash_algo not in ("sha256_cbor", "sha256"):
+        raise ValueError(f"hash_algo must be 'sha256_cbor' or 'sha256', not {hash_algo!r}")
+
+
+def none_hash(hash_seed: str | int | None = None, hash_algo: HashAlgo = "sha256_cbor") -> bytes:
     """The chain seed ``NONE_HASH`` for a given ``PYTHONHASHSEED``-equivalent.
 
     ``hash_seed`` is the string value of ``PYTHONHASHSEED`` (an ``int`` is
@@ -79,16 +99,36 @@ def none_hash(hash_seed: str | int | None = None) -> bytes:
         raise TypeError(f"hash_seed must be str, int or None, not {type(hash_seed).__name__}")
     else:
         seed = str(hash_seed)
-    return _none_hash_for_seed(seed)
+    _check_algo(hash_algo)
+    return _none_hash_for_seed(seed, hash_algo)
+
+
+def _build_uint16_table() -> tuple[bytes, ...]:
+    tiny = [bytes((value,)) for value in range(24)]
+    small = [b"\x18" + bytes((value,)) for value in range(24, 256)]
+    wide = [b"\x19" + value.to_bytes(2, "big") for value in range(256, 1 << 16)]
+    return tuple(tiny + small + wide)
+
+
+_UINT16_CBOR: tuple[bytes, ...] = ()
 
 
 def _encode_tokens(token_ids: Sequence[int]) -> bytes:
-    """Canonical CBOR array of ints; the bulk of every block hash, so inlined."""
-    count_head = encode_canonical(len(token_ids))
-    parts = [bytes((count_head[0] | 0x80,)) + count_head[1:]]  # major type 0 -> 4
-    for token_id in token_ids:
-        parts.append(_SMALL_UINTS[token_id] if 0 <= token_id < 24 else encode_canonical(token_id))
-    return b"".join(parts)
+    """Canonical CBOR array of ints; the bulk of every block hash, so it uses a
+    table of the encodings of 0..65535 (built on first use, about 3 MB)."""
+    global _UINT16_CBOR
+    if not _UINT16_CBOR:
+        _UINT16_CBOR = _build_uint16_table()
+    count = len(token_ids)
+    if count < 24:
+        head = bytes((0x80 | count,))
+    else:
+        count_head = encode_canonical(count)
+        head = bytes((count_head[0] | 0x80,)) + count_head[1:]  # major type 0 -> 4
+    if token_ids and 0 <= min(token_ids) and max(token_ids) < 0x10000:
+        table = _UINT16_CBOR
+        return head + b"".join([table[token_id] for token_id in token_ids])
+    return head + b"".join([encode_canonical(token_id) for token_id in token_ids])
 
 
 def hash_block_tokens(
@@ -97,21 +137,26 @@ def hash_block_tokens(
     extra_keys: tuple[Any, ...] | None = None,
     *,
     hash_seed: str | int | None = None,
+    hash_algo: HashAlgo = "sha256_cbor",
 ) -> bytes:
     """Digest of one full block chained onto ``parent_hash``.
 
     A falsy ``parent_hash`` (``None`` or ``b""``) means "first block" and is
-    replaced by ``none_hash(hash_seed)``, as vLLM does.  ``extra_keys`` must
-    already be tagged (see :func:`block_extra_keys`).
+    replaced by ``none_hash(hash_seed, hash_algo)``, as vLLM does.
+    ``extra_keys`` must already be tagged (see :func:`block_extra_keys`).
     """
-    parent = parent_hash if parent_hash else none_hash(hash_seed)
-    for token_id in token_ids:
-        if isinstance(token_id, bool) or not isinstance(token_id, int):
-            raise TypeError(f"token ids must be ints, got {token_id!r}")
-    payload = (
-        b"\x83" + encode_canonical(bytes(parent)) + _encode_tokens(token_ids) + encode_canonical(extra_keys)
-    )
-    return hashlib.sha256(payload).digest()
+    parent = parent_hash if parent_hash else none_hash(hash_seed, hash_algo)
+    if not all(type(token_id) is int for token_id in token_ids):
+        for token_id in token_ids:
+            if isinstance(token_id, bool) or not isinstance(token_id, int):
+                raise TypeError(f"token ids must be ints, got {token_id!r}")
+        token_ids = [int(token_id) for token_id in token_ids]
+    if hash_algo != "sha256_cbor":
+        _check_algo(hash_algo)
+        return sha256_pickle((parent, tuple(token_ids), extra_keys))
+    parent_cbor = b"\x58\x20" + parent if len(parent) == 32 else encode_canonical(bytes(parent))
+    extra_cbor = b"\xf6" if extra_keys is None else encode_canonical(extra_keys)
+    return hashlib.sha256(b"\x83" + parent_cbor + _encode_tokens(token_ids) + extra_cbor).digest()
 
 
 def external_block_hash(block_hash: bytes) -> int:
@@ -171,6 +216,7 @@ def request_block_hashes(
     block_size: int,
     *,
     hash_seed: str | int | None = None,
+    hash_algo: HashAlgo = "sha256_cbor",
     lora_name: str | None = None,
     lora_path: str = "",
     mm_spans: Sequence[MultiModalSpan] = (),
@@ -185,6 +231,7 @@ def request_block_hashes(
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
+    _check_algo(hash_algo)
     start = len(known_hashes) * block_size
     parent: bytes | None = known_hashes[-1] if known_hashes else None
     new_hashes: list[bytes] = []
@@ -198,7 +245,9 @@ def request_block_hashes(
             mm_spans=mm_spans,
             cache_salt=cache_salt,
         )
-        parent = hash_block_tokens(parent, token_ids[start:end], extra, hash_seed=hash_seed)
+        parent = hash_block_tokens(
+            parent, token_ids[start:end], extra, hash_seed=hash_seed, hash_algo=hash_algo
+        )
         new_hashes.append(parent)
         start = end
     return new_hashes

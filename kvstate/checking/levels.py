@@ -1,0 +1,115 @@
+"""The two search levels the explorer walks, behind one small interface.
+
+A *level* says what a world is (the event level: a ``State``; the planner
+level: a ``State`` plus the front end's request cursors), how to fingerprint
+it, and how to expand it into ``Step``s.  Expanding runs every check that
+belongs to an edge, so the explorer only adds the per-state checks, the
+bookkeeping and the SOMETIMES probes.
+
+Edge checks at the event level, for every candidate event:
+
+* ``refines``: the reducer and the spec model accept or reject it alike, and
+  when both accept, ``abstract(after) == step(abstract(before), event)``;
+* every ``specs.invariants.TRANSITIONS`` property.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import attrs
+
+from kvstate import events as ev
+from kvstate.checking.enabled import candidate_events
+from kvstate.checking.scopes import Scope
+from kvstate.checking.views import event_view, plain_view
+from kvstate.errors import InvalidEvent
+from kvstate.reducer import apply
+from kvstate.state import Geometry, State, initial_state
+
+
+@attrs.frozen
+class Step:
+    label: str
+    events: tuple[ev.Event, ...]
+    world: Any  # None when the step was rejected or failed
+    violations: tuple[tuple[str, str], ...] = ()
+
+
+class Level(Protocol):
+    scope: Scope
+
+    def initial(self) -> Any: ...
+    def state(self, world: Any) -> State: ...
+    def view(self, world: Any) -> bytes: ...
+    def expand(self, world: Any) -> Iterator[Step]: ...
+
+
+def geometry_of(scope: Scope) -> Geometry:
+    return Geometry(num_pages=scope.num_pages, page_size=scope.page_size,
+                    num_rows=scope.num_rows, row_width=scope.num_pages * scope.page_size)
+
+
+def check_refinement(before: State, event: ev.Event, after: State | None,
+                     error: str | None) -> list[tuple[str, str]]:
+    """Agreement of the reducer (``after``/``error``) with the spec model on one event."""
+    from specs.abstraction import abstract, diff
+    from specs.model import ModelReject, step
+
+    model_before = abstract(before)
+    try:
+        model_after = step(model_before, event)
+    except ModelReject as exc:
+        if after is None:
+            return []
+        return [("refines", f"reducer accepted {event!r}, the spec rejects it: {exc}")]
+    if after is None:
+        return [("refines", f"reducer rejected {event!r} ({error}), the spec accepts it")]
+    got = abstract(after)
+    if got != model_after:
+        return [("refines", f"after {event!r} the reducer and the spec differ in "
+                            f"{diff(got, model_after)}")]
+    return []
+
+
+def edge_checks(before: State, event: ev.Event, after: State) -> list[tuple[str, str]]:
+    from specs.invariants import check_edge
+
+    return check_edge(before, event, after)
+
+
+class EventLevel:
+    """Worlds are ``State``s; steps are single candidate fact events."""
+
+    def __init__(self, scope: Scope, *, check_model: bool = True, symmetry: bool | None = None):
+        self.scope = scope
+        self.check_model = check_model
+        self.symmetry = scope.symmetry if symmetry is None else symmetry
+        self.geometry = geometry_of(scope)
+
+    def initial(self) -> State:
+        return initial_state(self.geometry)
+
+    def state(self, world: State) -> State:
+        return world
+
+    def view(self, world: State) -> bytes:
+        return event_view(world) if self.symmetry else plain_view(world)
+
+    def expand(self, world: State) -> Iterator[Step]:
+        for event in candidate_events(world, self.scope):
+            try:
+                after: State | None = apply(world, event)
+                error = None
+            except InvalidEvent as exc:
+                after, error = None, exc.precondition
+            violations: list[tuple[str, str]] = []
+            if self.check_model:
+                violations += check_refinement(world, event, after, error)
+            if after is None:
+                if violations:
+                    yield Step(type(event).__name__, (event,), None, tuple(violations))
+                continue
+            violations += edge_checks(world, event, after)
+            yield Step(type(event).__name__, (event,), after, tuple(violations))

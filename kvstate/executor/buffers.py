@@ -1,0 +1,319 @@
+"""Physical KV buffers that mirror the core's events (SGLang ``MHATokenToKVPool`` layout).
+
+``TorchExecutor`` owns its tensors and nothing else: the core ``State`` says
+what is where; the executor makes it true in memory.  All memory is allocated
+once, in the constructor.  Layout (P = page size, N = num_pages)::
+
+    _k : [num_layers, (N + 1) * P, num_kv_heads, head_dim]        one allocation
+    _v : [num_layers, (N + 1) * P, num_kv_heads, value_head_dim]  one allocation
+    k_buffer[layer] = _k[layer]   (a contiguous view, SGLang's per-layer buffer)
+    rows 0..P-1 = page 0, the padding sink; page p = rows p*P .. p*P + P - 1
+
+``MLATorchExecutor`` keeps one latent buffer per layer,
+``kv_buffer[layer]`` of ``[rows, kv_lora_rank + qk_rope_head_dim]``.
+
+Mutation: ``set_kv_buffer``, ``copy_pages``/``copy_slots``, ``poison_slots``
+and ``apply`` write the buffers; the ``get_*`` calls return views (no copy).
+The executor follows the reducer: ``apply(event)`` computes the index plan
+(:mod:`kvstate.executor.plan`) and moves bytes; it never decides anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from kvstate.config import ModelConfig
+from kvstate.events import Event
+from kvstate.executor.plan import IndexPlan, plan_indices
+from kvstate.reducer import apply as reduce
+from kvstate.state import Geometry, State, initial_state
+
+POISON = float("nan")
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def slot_runs(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Coalesce parallel slot lists into ``(src_start, dst_start, length)`` runs."""
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(src, dst, strict=True):
+        if runs:
+            rs, rd, n = runs[-1]
+            if rs + n == s and rd + n == d:
+                runs[-1] = (rs, rd, n + 1)
+                continue
+        runs.append((s, d, 1))
+    return runs
+
+
+def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: Sequence[int],
+              dst_rows: Sequence[int], max_runs: int = 256) -> None:
+    """``dst[:, dst_rows] = src[:, src_rows]`` over dim 1 of ``[layers, rows, ...]`` tensors.
+
+    Few contiguous runs are copied slice by slice (no temporary); many short
+    runs fall back to one gather plus one scatter.  Mutates ``dst`` only.
+    """
+    if len(src_rows) != len(dst_rows):
+        raise ValueError(f"{len(src_rows)} source rows but {len(dst_rows)} destination rows")
+    if not src_rows:
+        return
+    runs = slot_runs(src_rows, dst_rows)
+    if len(runs) <= max_runs:
+        for s, d, n in runs:
+            dst[:, d:d + n].copy_(src[:, s:s + n], non_blocking=True)
+        return
+    src_index = torch.tensor(src_rows, dtype=torch.int64, device=src.device)
+    dst_index = torch.tensor(dst_rows, dtype=torch.int64, device=dst.device)
+    gathered = src.index_select(1, src_index)
+    dst.index_copy_(1, dst_index, gathered.to(dst.device, non_blocking=True))
+
+
+class _Mirror:
+    """Follows a state and its events; subclasses own the buffers and move the bytes."""
+
+    geometry: Geometry
+    device: torch.device
+    poison_freed: bool
+    listeners: list[Any]
+
+    def _init_mirror(self, geometry: Geometry) -> None:
+        self.geometry = geometry
+        self.state: State = initial_state(geometry)
+        self.listeners = []
+
+    # -- following the core ----------------------------------------------------
+    def attach(self, engine: Any) -> None:
+        """Adopt ``engine``'s state and subscribe to its events (called by the allocators)."""
+        geometry = engine.state.geometry
+        if (geometry.num_pages, geometry.page_size) != (self.geometry.num_pages,
+                                                         self.geometry.page_size):
+            raise ValueError(f"engine has {geometry.num_pages} pages of {geometry.page_size}; "
+                             f"the executor was built for {self.geometry.num_pages} pages of "
+                             f"{self.geometry.page_size}")
+        self.geometry = geometry
+        self.state = engine.state
+        engine.subscribe(self.on_event)
+
+    def reset_state(self, state: State) -> None:
+        """Start following ``state`` (buffers are left as they are)."""
+        if (state.geometry.num_pages, state.geometry.page_size) != (self.geometry.num_pages,
+                                                                     self.geometry.page_size):
+            raise ValueError("state geometry does not match the executor's buffers")
+        self.geometry = state.geometry
+        self.state = state
+
+    def on_event(self, event: Event, state_after: State) -> None:
+        """Engine listener: ``event`` took the last seen state to ``state_after``."""
+        self.apply(event, state_after)
+
+    def apply(self, event: Event, state_after: State | None = None) -> IndexPlan:
+        """Move the bytes ``event`` implies; returns the index plan it followed.
+
+        ``state_after`` defaults to the pure reducer's result (which raises
+        ``InvalidEvent`` and changes nothing on a bad event).
+        """
+        before = self.state
+        after = reduce(before, event) if state_after is None else state_after
+        plan = plan_indices(before, after, event)
+        if plan.copy_src:
+            self.copy_slots(plan.copy_src, plan.copy_dst)
+        if plan.freed_slots and self.poison_freed:
+            self.poison_slots(plan.freed_slots)
+        self.state = after
+        for listener in self.listeners:
+            listener(event, before, after, plan)
+        return plan
+
+    # -- subclass data plane ---------------------------------------------------
+    def copy_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def poison_slots(self, slots: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def _slot_index(self, slots: Any) -> torch.Tensor:
+        index = torch.as_tensor(slots, dtype=torch.int64, device=self.device).reshape(-1)
+        rows = (self.geometry.num_pages + 1) * self.geometry.page_size
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= rows):
+            raise IndexError(f"slot index outside 0..{rows - 1}")
+        return index
+
+
+class TorchExecutor(_Mirror):
+    """MHA K/V buffers for ``num_pages`` pages of ``page_size`` tokens (plus page 0)."""
+
+    def __init__(self, model_config: ModelConfig, num_pages: int, page_size: int,
+                 dtype: torch.dtype = torch.float16, device: str | torch.device | None = None,
+                 *, poison_freed: bool = False) -> None:
+        self._init_mirror(Geometry(num_pages=num_pages, page_size=page_size))
+        if element_size(dtype) != model_config.dtype_bytes:
+            raise ValueError(f"dtype {dtype} has {element_size(dtype)} bytes per element; the "
+                             f"model config plans {model_config.dtype_bytes}")
+        self.model_config = model_config
+        self.dtype = dtype
+        self.device = torch.device(device) if device is not None else default_device()
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.poison_freed = poison_freed
+        self.layer_num = model_config.num_layers
+        self.head_num = model_config.num_kv_heads
+        self.head_dim = model_config.head_dim
+        self.v_head_dim = model_config.value_head_dim
+        rows = (num_pages + 1) * page_size
+        self.rows = rows
+        self._k = torch.zeros((self.layer_num, rows, self.head_num, self.head_dim),
+                              dtype=dtype, device=self.device)
+        self._v = torch.zeros((self.layer_num, rows, self.head_num, self.v_head_dim),
+                              dtype=dtype, device=self.device)
+        self.k_buffer = [self._k[layer] for layer in range(self.layer_num)]
+        self.v_buffer = [self._v[layer] for layer in range(self.layer_num)]
+        self._check_capacity()
+
+    # -- sizes ------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all K and V buffers, the padding page included."""
+        return self._k.numel() * self._k.element_size() + self._v.numel() * self._v.element_size()
+
+    @property
+    def usable_bytes(self) -> int:
+        """Bytes of pages 1..N (the pool SGLang's capacity planning sizes)."""
+        return self.nbytes - self.model_config.bytes_per_page(self.page_size)
+
+    def _check_capacity(self) -> None:
+        config = self.model_config
+        expected = config.bytes_per_token * self.rows
+        if self.nbytes != expected:
+            raise AssertionError(f"buffers hold {self.nbytes} bytes, capacity planning says {expected}")
+        if config.max_pages(self.usable_bytes, self.page_size) != self.num_pages:
+            raise AssertionError("usable bytes do not fit exactly num_pages pages")
+
+    # -- SGLang's read/write API -------------------------------------------------
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k_buffer[layer_id]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v_buffer[layer_id]
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_buffer[layer_id], self.v_buffer[layer_id]
+
+    def set_kv_buffer(self, layer: Any, loc: Any, cache_k: torch.Tensor,
+                      cache_v: torch.Tensor) -> None:
+        """``k_buffer[layer][loc] = cache_k`` and the same for V (a data-plane write).
+
+        ``layer`` is a layer index or an object with ``layer_id`` (SGLang's
+        ``RadixAttention``).  Mutates the buffers; the state does not change.
+        """
+        layer_id = int(getattr(layer, "layer_id", layer))
+        index = self._slot_index(loc)
+        self.k_buffer[layer_id][index] = cache_k.to(self.dtype).reshape(-1, self.head_num, self.head_dim)
+        self.v_buffer[layer_id][index] = cache_v.to(self.dtype).reshape(
+            -1, self.head_num, self.v_head_dim)
+
+    # -- data movement -------------------------------------------------------------
+    def copy_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
+        """Copy K and V rows ``src -> dst`` in every layer (``move_kv_cache``)."""
+        copy_rows(self._k, self._k, src_slots, dst_slots)
+        copy_rows(self._v, self._v, src_slots, dst_slots)
+
+    def copy_pages(self, src_pages: Sequence[int], dst_pages: Sequence[int]) -> None:
+        size = self.page_size
+        self.copy_slots([p * size + k for p in src_pages for k in range(size)],
+                        [p * size + k for p in dst_pages for k in range(size)])
+
+    def poison_slots(self, slots: Sequence[int]) -> None:
+        """Fill ``slots`` with NaN in every layer (debug aid for freed slots)."""
+        index = self._slot_index(slots)
+        self._k.index_fill_(1, index, POISON)
+        self._v.index_fill_(1, index, POISON)
+
+    # -- reads in kernel layouts -----------------------------------------------------
+    def gather_kv(self, state: State, request: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from kvstate.executor.exports import gather_kv
+
+        return gather_kv(self, state, request, layer)
+
+
+@attrs.frozen
+class MLAConfig:
+    """Per-token latent KV geometry of an MLA model (DeepSeek-V2 style)."""
+
+    num_layers: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    dtype_bytes: int = 2
+
+    @property
+    def row_width(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.num_layers * self.row_width * self.dtype_bytes
+
+
+class MLATorchExecutor(_Mirror):
+    """One latent buffer per layer: ``kv_buffer[layer]`` of ``[rows, lora + rope]``."""
+
+    def __init__(self, config: MLAConfig, num_pages: int, page_size: int,
+                 dtype: torch.dtype = torch.float16, device: str | torch.device | None = None,
+                 *, poison_freed: bool = False) -> None:
+        self._init_mirror(Geometry(num_pages=num_pages, page_size=page_size))
+        if element_size(dtype) != config.dtype_bytes:
+            raise ValueError(f"dtype {dtype} does not have {config.dtype_bytes} bytes per element")
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device) if device is not None else default_device()
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.poison_freed = poison_freed
+        self.layer_num = config.num_layers
+        self.kv_lora_rank = config.kv_lora_rank
+        self.rows = (num_pages + 1) * page_size
+        self._kv = torch.zeros((self.layer_num, self.rows, config.row_width), dtype=dtype,
+                               device=self.device)
+        self.kv_buffer = [self._kv[layer] for layer in range(self.layer_num)]
+        if self.nbytes != config.bytes_per_token * self.rows:
+            raise AssertionError("latent buffer size differs from the MLA capacity plan")
+
+    @property
+    def nbytes(self) -> int:
+        return self._kv.numel() * self._kv.element_size()
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv_buffer[layer_id]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv_buffer[layer_id][..., : self.kv_lora_rank]
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def set_kv_buffer(self, layer: Any, loc: Any, cache_k: torch.Tensor,
+                      cache_v: torch.Tensor | None = None) -> None:
+        """Write the latent rows ``cache_k`` (``cache_v`` is unused, as in SGLang's MLA pool)."""
+        layer_id = int(getattr(layer, "layer_id", layer))
+        index = self._slot_index(loc)
+        self.kv_buffer[layer_id][index] = cache_k.to(self.dtype).reshape(-1, self.config.row_width)
+
+    def copy_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
+        copy_rows(self._kv, self._kv, src_slots, dst_slots)
+
+    def poison_slots(self, slots: Sequence[int]) -> None:
+        self._kv.index_fill_(1, self._slot_index(slots), POISON)
+
+    def gather_kv(self, state: State, request: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from kvstate.executor.exports import gather_kv
+
+        return gather_kv(self, state, request, layer)

@@ -1,0 +1,333 @@
+"""Integrity mode: the executor proves the metadata by reading back tags.
+
+While enabled, every token a forward pass would compute gets a deterministic
+tag written into its slot in every layer: a pattern of small integers (exact
+in fp16/bf16/fp32) derived from ``(writer, position, layer)``, where the
+writer is a request incarnation (a request id plus a counter, since rows are
+reused) or, for KV the tree received without a writing request, the
+inserting node.  The monitor keeps, independently of the buffers, which tag
+every live token *should* hold:
+
+    request r, position p   -> the tag its own write left there, or the tag of
+                               the tree / shared token it was linked to
+    tree node n, token i    -> the tag of the token inserted there
+
+``verify(state)`` then reads every live token of every request (and every
+tree token) back through every export (``gather_kv``, the FlashInfer page
+table, vLLM's block table and slot mapping, SGLang's ``req_to_token``) and
+compares.  Two live tokens sharing a slot, a stale prefix hit (a tree page
+reused while its node survives), a missed copy-on-write or a wrong copy all
+show up as a token reading someone else's tag.  Linking a position to a
+token computed for a different position is reported at the event.
+
+The monitor mutates its own bookkeeping and writes tags into the executor's
+buffers (through ``set_kv_buffer``); it never changes a ``State``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from kvstate.events import Event
+from kvstate.executor import exports
+from kvstate.executor.buffers import MLATorchExecutor
+from kvstate.executor.plan import IndexPlan, node_depth
+from kvstate.state import RequestId, State
+
+Content = tuple[int, int]  # (writer uid, position the KV was computed for)
+_M1, _M2, _M3 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D
+_M4, _M5 = 0x27D4EB2F, 0x165667B1
+
+
+def tag_values(uids: torch.Tensor, positions: torch.Tensor, layer: int, width: int,
+               salt: int) -> torch.Tensor:
+    """``[n, width]`` int64 tags in ``[-128, 127]`` for ``(uid, position)`` pairs (pure)."""
+    h = uids * _M1 + positions * _M2 + (layer * 4 + salt + 1) * _M3
+    h = h ^ (h >> 15)
+    columns = torch.arange(width, dtype=torch.int64, device=uids.device) * _M4 + _M5
+    x = h[:, None] ^ columns[None, :]
+    x = x * _M2
+    x = x ^ (x >> 13)
+    x = x * _M3
+    x = x ^ (x >> 16)
+    return (x & 255) - 128
+
+
+@attrs.frozen
+class IntegrityReport:
+    ok: bool
+    problems: tuple[str, ...]
+    tokens_checked: int
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"integrity ok: {self.tokens_checked} token reads matched their tags"
+        shown = "; ".join(self.problems[:5])
+        more = f" (+{len(self.problems) - 5} more)" if len(self.problems) > 5 else ""
+        return f"integrity FAILED: {shown}{more}"
+
+
+class IntegrityMonitor:
+    """Tag writer and checker for one executor (owns only its bookkeeping)."""
+
+    def __init__(self, executor: Any, *, request_pool: Any = None) -> None:
+        self.executor = executor
+        self.request_pool = request_pool  # optional SGLang ReqToTokenPool to read as well
+        self.next_uid = 1
+        self.uid_of: dict[RequestId, int] = {}
+        self.req_content: dict[RequestId, list[Content]] = {}
+        self.node_content: dict[int, list[Content]] = {}
+        self.slot_content: dict[int, Content] = {}
+        self.errors: list[str] = []
+        self._seed_from(executor.state)
+        executor.listeners.append(self.on_plan)
+
+    def _fresh_uid(self) -> int:
+        uid = self.next_uid
+        self.next_uid += 1
+        return uid
+
+    def _seed_from(self, state: State) -> None:
+        """Tag what a non-empty starting state already maps (as if freshly written)."""
+        for node_id in sorted(n for n in state.nodes.keys() if n != 0):
+            self._insert(node_id, node_depth(state, node_id), state.node_slots(node_id))
+        for request_id in state.requests.keys():
+            self.uid_of[request_id] = self._fresh_uid()
+            self.req_content[request_id] = []
+            fresh = []
+            for position, slot in enumerate(state.slots_of(request_id)):
+                content = self._linked_content(state, slot)
+                if content is not None and content[1] == position:
+                    self._set(request_id, position, content)
+                else:
+                    fresh.append((request_id, position, slot))
+            self._write_request_tokens(state, fresh)
+
+    # -- following events --------------------------------------------------------
+    def on_plan(self, event: Event, before: State, after: State, plan: IndexPlan) -> None:
+        for request_id in plan.opened:
+            self.uid_of[request_id] = self._fresh_uid()
+            self.req_content[request_id] = []
+        for src, dst in zip(plan.copy_src, plan.copy_dst, strict=True):
+            content = self.slot_content.get(src)
+            if content is None:
+                self.slot_content.pop(dst, None)
+            else:
+                self.slot_content[dst] = content
+        for slot in plan.freed_slots:
+            self.slot_content.pop(slot, None)
+        for request_id, length in plan.truncated:
+            del self.req_content[request_id][length:]
+        if plan.new_tokens:
+            self._write_request_tokens(after, plan.new_tokens)
+        for request_id, position, slot in plan.linked_tokens:
+            content = self._linked_content(after, slot)
+            if content is None:
+                self.errors.append(f"request {request_id!r} position {position} links slot {slot}, "
+                                   "which holds no computed KV")
+                content = (0, position)
+            elif content[1] != position:
+                self.errors.append(f"request {request_id!r} position {position} links slot {slot}, "
+                                   f"whose KV was computed for position {content[1]}")
+            self._set(request_id, position, content)
+        for node_id, depth, slots in plan.inserted:
+            self._insert(node_id, depth, slots)
+        for node_id, at, new_node in plan.split:
+            content = self.node_content.pop(node_id)
+            self.node_content[new_node] = content[:at]
+            self.node_content[node_id] = content[at:]
+        for node_id in plan.dropped_nodes:
+            self.node_content.pop(node_id, None)
+        if plan.reset_nodes:
+            self.node_content.clear()
+        for request_id in plan.closed:
+            self.req_content.pop(request_id, None)
+            self.uid_of.pop(request_id, None)
+
+    def _linked_content(self, state: State, slot: int) -> Content | None:
+        size = state.geometry.page_size
+        page = slot // size
+        node_id = state.page_node.get(page)
+        if node_id is not None and node_id in self.node_content:
+            index = state.nodes[node_id].pages.index(page) * size + slot % size
+            return self.node_content[node_id][index]
+        return self.slot_content.get(slot)
+
+    def _set(self, request_id: RequestId, position: int, content: Content) -> None:
+        row = self.req_content[request_id]
+        if position == len(row):
+            row.append(content)
+        elif position < len(row):
+            row[position] = content
+        else:
+            self.errors.append(f"request {request_id!r} got position {position} past its "
+                               f"{len(row)} known tokens")
+            row.extend([(0, -1)] * (position - len(row)))
+            row.append(content)
+
+    def _write_request_tokens(self, state: State, tokens: Sequence[tuple[RequestId, int, int]]) -> None:
+        slots, contents = [], []
+        for request_id, position, slot in tokens:
+            copied = self.slot_content.get(slot)
+            if copied is not None and copied[1] == position:
+                content = copied  # bytes copied here already (copy-on-write)
+            else:
+                content = (self.uid_of[request_id], position)
+                slots.append(slot)
+                contents.append(content)
+                self.slot_content[slot] = content
+            self._set(request_id, position, content)
+        self.write_tags(slots, contents)
+
+    def _insert(self, node_id: int, depth: int, slots: Sequence[int]) -> None:
+        uid = 0
+        content_list: list[Content] = []
+        fresh_slots, fresh = [], []
+        for index, slot in enumerate(slots):
+            position = depth + index
+            content = self.slot_content.get(slot)
+            if content is None or content[1] != position:
+                uid = uid or self._fresh_uid()
+                content = (uid, position)
+                fresh_slots.append(slot)
+                fresh.append(content)
+                self.slot_content[slot] = content
+            content_list.append(content)
+        self.node_content[node_id] = content_list
+        self.write_tags(fresh_slots, fresh)
+
+    # -- tags ----------------------------------------------------------------------
+    def expected(self, contents: Sequence[Content], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expected ``(k, v)`` rows for ``contents`` in one layer, in the buffers' dtype."""
+        ex = self.executor
+        device = ex.device
+        uids = torch.tensor([c[0] for c in contents], dtype=torch.int64, device=device)
+        positions = torch.tensor([c[1] for c in contents], dtype=torch.int64, device=device)
+        if isinstance(ex, MLATorchExecutor):
+            k = tag_values(uids, positions, layer, ex.config.row_width, 0).to(ex.dtype)
+            return k, k[:, : ex.kv_lora_rank]
+        k = tag_values(uids, positions, layer, ex.head_num * ex.head_dim, 0)
+        v = tag_values(uids, positions, layer, ex.head_num * ex.v_head_dim, 1)
+        return (k.to(ex.dtype).view(-1, ex.head_num, ex.head_dim),
+                v.to(ex.dtype).view(-1, ex.head_num, ex.v_head_dim))
+
+    def write_tags(self, slots: Sequence[int], contents: Sequence[Content]) -> None:
+        """Write the tags of ``contents`` at ``slots`` in every layer (the forward pass's writes)."""
+        if not slots:
+            return
+        for layer in range(self.executor.layer_num):
+            k, v = self.expected(contents, layer)
+            self.executor.set_kv_buffer(layer, slots, k, v)
+
+    # -- checking --------------------------------------------------------------------
+    def verify(self, state: State | None = None) -> IntegrityReport:
+        """Read every live token back through every export and compare with its tag (read-only)."""
+        state = self.executor.state if state is None else state
+        problems = list(self.errors)
+        requests = list(state.requests.keys())
+        known = set(self.req_content)
+        if known != set(requests):
+            problems.append(f"requests tracked {sorted(map(str, known))} differ from the state's "
+                            f"{sorted(map(str, requests))}")
+            requests = [r for r in requests if r in known]
+        lengths = []
+        for request_id in requests:
+            length = state.requests[request_id].allocated
+            if len(self.req_content[request_id]) != length:
+                problems.append(f"request {request_id!r} maps {length} tokens, monitor knows "
+                                f"{len(self.req_content[request_id])}")
+            lengths.append(min(length, len(self.req_content[request_id])))
+        contents = [c for r, n in zip(requests, lengths, strict=True) for c in self.req_content[r][:n]]
+        reads = self._export_reads(state, requests, lengths)
+        node_ids = [n for n in state.nodes.keys() if n != 0]
+        node_slots: list[int] = []
+        node_contents: list[Content] = []
+        for node_id in node_ids:
+            slots = state.node_slots(node_id)
+            content = self.node_content.get(node_id)
+            if content is None or len(content) != len(slots):
+                problems.append(f"tree node {node_id} has no matching tag record")
+                continue
+            node_slots.extend(slots)
+            node_contents.extend(content)
+        checked = 0
+        for layer in range(self.executor.layer_num):
+            if contents:
+                k_want, v_want = self.expected(contents, layer)
+                for name, (k_got, v_got) in reads(layer).items():
+                    checked += len(contents)
+                    problems.extend(_compare(name, layer, k_got, k_want, v_got, v_want,
+                                             requests, lengths))
+            if node_contents:
+                k_want, v_want = self.expected(node_contents, layer)
+                index = torch.tensor(node_slots, dtype=torch.int64, device=self.executor.device)
+                k_buf, v_buf = self.executor.get_kv_buffer(layer)
+                checked += len(node_contents)
+                if not (torch.equal(k_buf.index_select(0, index), k_want)
+                        and torch.equal(v_buf.index_select(0, index), v_want)):
+                    problems.append(f"layer {layer}: a tree token does not read back its tag")
+        return IntegrityReport(not problems, tuple(problems), checked)
+
+    def _export_reads(self, state: State, requests: list[RequestId], lengths: list[int]) -> Any:
+        ex = self.executor
+        size = state.geometry.page_size
+        device = ex.device
+        table = exports.flashinfer_page_table(state, requests, device=device)
+        flashinfer_slots = exports.slots_from_page_table(*table, page_size=size)
+        block_table = exports.vllm_block_table(state, requests, device=device)
+        block_slots = exports.slots_from_block_table(block_table, lengths, size)
+        mapping = exports.vllm_slot_mapping(state, [(r, 0, n) for r, n in zip(requests, lengths,
+                                                                              strict=True)], device=device)
+        req_rows = exports.sglang_req_to_token(state, requests, device=device)
+        rows_slots = [req_rows[i, :n].to(torch.int64) for i, n in enumerate(lengths)]
+        pool_slots: list[torch.Tensor] | None = None
+        if self.request_pool is not None and all(isinstance(r, int) for r in requests):
+            pool_table = self.request_pool.req_to_token
+            pool_slots = [pool_table[int(r), :n].to(device=device, dtype=torch.int64)
+                          for r, n in zip(requests, lengths, strict=True)]
+
+        def reads(layer: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+            k_buf, v_buf = ex.get_kv_buffer(layer)
+            gathered = [ex.gather_kv(state, r, layer) for r, n in zip(requests, lengths, strict=True)]
+            out = {
+                "gather_kv": (torch.cat([g[0][:n] for g, n in zip(gathered, lengths, strict=True)]),
+                              torch.cat([g[1][:n] for g, n in zip(gathered, lengths, strict=True)])),
+            }
+            named = {"flashinfer_page_table": flashinfer_slots, "vllm_block_table": block_slots,
+                     "sglang_req_to_token": rows_slots}
+            if pool_slots is not None:
+                named["ReqToTokenPool.req_to_token"] = pool_slots
+            for name, per_request in named.items():
+                index = torch.cat(per_request) if per_request else mapping[:0]
+                out[name] = (k_buf.index_select(0, index), v_buf.index_select(0, index))
+            out["vllm_slot_mapping"] = (k_buf.index_select(0, mapping), v_buf.index_select(0, mapping))
+            return out
+
+        return reads
+
+
+def _compare(name: str, layer: int, k_got: torch.Tensor, k_want: torch.Tensor, v_got: torch.Tensor,
+             v_want: torch.Tensor, requests: list[RequestId], lengths: list[int]) -> list[str]:
+    if k_got.shape == k_want.shape and torch.equal(k_got, k_want) and torch.equal(v_got, v_want):
+        return []
+    if k_got.shape != k_want.shape:
+        return [f"{name} layer {layer}: read {tuple(k_got.shape)}, expected {tuple(k_want.shape)}"]
+    bad = ((k_got != k_want).flatten(1).any(1) | (v_got != v_want).flatten(1).any(1)).nonzero()
+    first = int(bad[0])
+    for request_id, length in zip(requests, lengths, strict=True):
+        if first < length:
+            return [f"{name} layer {layer}: request {request_id!r} position {first} reads another "
+                    f"token's tag ({len(bad)} bad reads)"]
+        first -= length
+    return [f"{name} layer {layer}: {len(bad)} bad reads"]  # pragma: no cover - unreachable
+
+
+def enable_integrity(executor: Any, *, request_pool: Any = None) -> IntegrityMonitor:
+    """Attach a monitor to ``executor`` (tags what its state already maps); returns it."""
+    monitor = IntegrityMonitor(executor, request_pool=request_pool)
+    executor.integrity = monitor
+    return monitor

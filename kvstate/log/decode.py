@@ -1,0 +1,167 @@
+"""Strict decoding of record bodies into events, checkpoints and end records.
+
+Each event class gets a validator per field, derived once from the field's
+attrs converter (``ints`` -> a tuple of ints, ``_request_id`` -> int or str,
+...).  A field of the wrong type or a wrong field count is a
+``LogFormatError`` at the record's offset; a valid record builds the event
+directly from the (already immutable) decoded tuples, skipping the
+converters, which is several times faster than the constructor.  Pure:
+nothing here keeps state between calls except the schema tables built at
+import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from kvstate import events as ev
+from kvstate.events import EVENT_TYPES, Event
+from kvstate.log.format import (
+    CHECKPOINT_TAG,
+    END_TAG,
+    FINGERPRINT_BYTES,
+    Checkpoint,
+    EndRecord,
+    LogFormatError,
+)
+from kvstate.log.upcast import Registry, UpcastError, upcast
+
+_INT = frozenset({int})
+_RID = frozenset({int, str})
+Validator = Callable[[Any], bool]
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _is_bool(value: Any) -> bool:
+    return type(value) is bool
+
+
+def _is_rid(value: Any) -> bool:
+    return type(value) is int or type(value) is str
+
+
+def _is_ints(value: Any) -> bool:
+    return type(value) is tuple and (not value or set(map(type, value)) <= _INT)
+
+
+def _is_rids(value: Any) -> bool:
+    return type(value) is tuple and (not value or set(map(type, value)) <= _RID)
+
+
+def _is_slot_items(value: Any) -> bool:
+    if type(value) is not tuple:
+        return False
+    for item in value:
+        if type(item) is not tuple or len(item) != 2 or not _is_rid(item[0]) or not _is_ints(item[1]):
+            return False
+    return True
+
+
+def _is_commit_items(value: Any) -> bool:
+    if type(value) is not tuple:
+        return False
+    for item in value:
+        if type(item) is not tuple or len(item) != 2 or not _is_rid(item[0]) or type(item[1]) is not int:
+            return False
+    return True
+
+
+_BY_CONVERTER: dict[Any, Validator] = {
+    ev.ints: _is_ints,
+    ev.request_ids: _is_rids,
+    ev.slot_items: _is_slot_items,
+    ev.commit_items: _is_commit_items,
+    ev._request_id: _is_rid,  # noqa: SLF001 - the converter is the schema
+    int: _is_int,
+    bool: _is_bool,
+}
+
+
+@attrs.frozen
+class _Schema:
+    cls: type[Event]
+    names: tuple[str, ...]
+    validators: tuple[Validator | None, ...]  # None: use the class constructor for that field
+    fast: bool  # every field has a validator and no attrs validator: build without converters
+
+
+def _schema(cls: type[Event]) -> _Schema:
+    names: list[str] = []
+    validators: list[Validator | None] = []
+    fast = True
+    for field in attrs.fields(cls):  # type: ignore[arg-type]
+        names.append(field.name)
+        validator = _BY_CONVERTER.get(field.converter)
+        if field.converter is None and field.type in ("str", str):
+            validator = _is_str
+        validators.append(validator)
+        if validator is None or field.validator is not None:
+            fast = False
+    return _Schema(cls, tuple(names), tuple(validators), fast)
+
+
+def _is_str(value: Any) -> bool:
+    return type(value) is str
+
+
+SCHEMAS: dict[str, _Schema] = {tag: _schema(cls) for tag, cls in EVENT_TYPES.items()}
+_new = object.__new__
+_set = object.__setattr__
+
+
+def decode_record(raw: Any, offset: int, upcasters: Registry | None = None) -> Event | Checkpoint | EndRecord:
+    """One decoded msgpack body to an event, a checkpoint or the end record."""
+    if type(raw) is not tuple or len(raw) < 2:
+        raise LogFormatError(offset, "record is not an array [tag, version, *fields]")
+    tag, version = raw[0], raw[1]
+    schema = SCHEMAS.get(tag) if type(tag) is str else None
+    if schema is None:
+        if tag == CHECKPOINT_TAG or tag == END_TAG:
+            return _framing_record(raw, offset)
+        raise LogFormatError(offset, f"unknown record tag {tag!r}")
+    if type(version) is not int:
+        raise LogFormatError(offset, f"event {tag!r} version is a {type(version).__name__}")
+    cls = schema.cls
+    fields = raw[2:]
+    if version != cls.VERSION:
+        try:
+            fields = upcast(tag, version, fields, cls.VERSION, upcasters)
+        except UpcastError as exc:
+            raise LogFormatError(offset, str(exc)) from None
+    names = schema.names
+    if len(fields) != len(names):
+        raise LogFormatError(offset, f"{cls.__name__} has {len(names)} fields, record has {len(fields)}")
+    for name, validator, value in zip(names, schema.validators, fields, strict=True):
+        if validator is not None and not validator(value):
+            raise LogFormatError(offset, f"{cls.__name__}.{name} has a bad value of type "
+                                         f"{type(value).__name__}")
+    if schema.fast:
+        evt = _new(cls)
+        for name, value in zip(names, fields, strict=True):
+            _set(evt, name, value)
+        return evt  # type: ignore[no-any-return]
+    try:
+        return cls(*fields)
+    except (TypeError, ValueError) as exc:
+        raise LogFormatError(offset, f"bad fields for {cls.__name__}: {exc}") from None
+
+
+def _framing_record(raw: tuple[Any, ...], offset: int) -> Checkpoint | EndRecord:
+    tag = raw[0]
+    what = "checkpoint" if tag == CHECKPOINT_TAG else "end record"
+    if len(raw) != 4 or raw[1] != 1:
+        raise LogFormatError(offset, f"{what} must be [{tag!r}, 1, count, fingerprint]")
+    count, fingerprint = raw[2], raw[3]
+    if type(count) is not int or count < 0:
+        raise LogFormatError(offset, f"{what} count {count!r} is not a non-negative int")
+    if type(fingerprint) is not bytes or len(fingerprint) != FINGERPRINT_BYTES:
+        raise LogFormatError(offset, f"{what} fingerprint is not {FINGERPRINT_BYTES} bytes")
+    if tag == CHECKPOINT_TAG:
+        return Checkpoint(count, fingerprint)
+    return EndRecord(count, fingerprint)

@@ -1,0 +1,222 @@
+"""The kvstate log format: constants, framing, header, and record (de)coding.
+
+Layout of a log file (all integers little-endian)::
+
+    offset 0   magic        8 bytes  b"\\x89KVS\\r\\n\\x1a\\n"
+    offset 8   format       u16      FORMAT_VERSION of the writer
+    offset 10  header       frame    msgpack map (geometry, checkpoint interval, meta)
+    then       records      frame*   one per event, checkpoint or end
+
+    frame := u32 length | u32 crc32(length bytes + body) | body (length bytes of msgpack)
+
+Record bodies are msgpack arrays ``[tag, version, *fields]``: events use their
+two-letter tag (``kvstate.events``), and the framing records use tags that
+start with ``#`` so they can never collide with an event tag::
+
+    ["#c", 1, seq, fingerprint]      checkpoint: state fingerprint after ``seq`` events
+    ["#e", 1, count, fingerprint]    end: total events and the final fingerprint
+
+This module is pure byte arithmetic: it owns no file handles and never
+mutates its inputs.  Decoding untrusted bytes always goes through
+:func:`unpack_body`, which sets every msgpack size limit; pickle is never used.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable
+from operator import attrgetter
+from typing import Any
+
+import attrs
+import msgpack
+
+from kvstate.events import EVENT_TYPES, Event
+from kvstate.state import Geometry
+
+MAGIC = b"\x89KVS\r\n\x1a\n"
+FORMAT_VERSION = 1
+FRAME = struct.Struct("<II")  # length, crc32
+LENGTH = struct.Struct("<I")
+VERSION_FIELD = struct.Struct("<H")
+PREAMBLE_SIZE = len(MAGIC) + VERSION_FIELD.size  # 10: where the header frame starts
+MAX_HEADER_BYTES = 1 << 16
+MAX_RECORD_BYTES = 1 << 24  # 16 MiB: a record longer than this is refused before it is read
+DEFAULT_CHECKPOINT_EVERY = 4096
+CHECKPOINT_TAG = "#c"
+END_TAG = "#e"
+FINGERPRINT_BYTES = 16
+
+
+class LogFormatError(ValueError):
+    """A log is malformed at ``offset`` (bytes from the start of the file) for ``reason``.
+
+    ``record_index`` is the number of records (events, checkpoints) read
+    before the bad one, when known.  Raised for every malformed input: the
+    reader never lets another exception type escape for bad bytes.
+    """
+
+    def __init__(self, offset: int, reason: str, record_index: int | None = None) -> None:
+        self.offset = offset
+        self.reason = reason
+        self.record_index = record_index
+        super().__init__(f"malformed log at byte {offset}: {reason}")
+
+
+@attrs.frozen
+class LogHeader:
+    """What a reader needs to rebuild the initial state and check the log.
+
+    The initial state is ``kvstate.state.initial_state(geometry)``;
+    ``initial_fingerprint`` pins it.  ``meta`` holds free-form, msgpack-plain
+    facts about the run (workload, seed, front end, expected outcome).
+    """
+
+    geometry: Geometry
+    format_version: int = FORMAT_VERSION
+    kvstate_version: str = ""
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+    initial_fingerprint: bytes = b""
+    event_versions: dict[str, int] = attrs.field(factory=dict)
+    meta: dict[str, Any] = attrs.field(factory=dict)
+
+    def to_map(self) -> dict[str, Any]:
+        g = self.geometry
+        return {
+            "format": self.format_version,
+            "kvstate_version": self.kvstate_version,
+            "geometry": {"num_pages": g.num_pages, "page_size": g.page_size,
+                         "num_rows": g.num_rows, "row_width": g.row_width},
+            "initial": "empty",
+            "initial_fingerprint": self.initial_fingerprint,
+            "checkpoint_every": self.checkpoint_every,
+            "event_versions": dict(sorted(self.event_versions.items())),
+            "meta": self.meta,
+        }
+
+
+@attrs.frozen
+class Checkpoint:
+    """The state fingerprint after ``seq`` events of the log."""
+
+    seq: int
+    fingerprint: bytes
+
+
+@attrs.frozen
+class EndRecord:
+    """The last record: ``count`` events in all, and the final state's fingerprint."""
+
+    count: int
+    fingerprint: bytes
+
+
+# -- framing --------------------------------------------------------------------
+def frame(body: bytes) -> bytes:
+    """``length | crc32(length + body) | body``."""
+    length = LENGTH.pack(len(body))
+    return FRAME.pack(len(body), zlib.crc32(body, zlib.crc32(length))) + body
+
+
+def body_crc(length: int, body: bytes | memoryview) -> int:
+    return zlib.crc32(body, zlib.crc32(LENGTH.pack(length)))
+
+
+def unpack_body(body: bytes | memoryview, offset: int) -> Any:
+    """Msgpack-decode one record body with every size limit bound to its length.
+
+    Arrays decode as tuples.  Any decoding failure becomes ``LogFormatError``.
+    """
+    size = len(body)
+    try:
+        return msgpack.unpackb(
+            body, use_list=False, raw=False, strict_map_key=True,
+            max_buffer_size=size, max_str_len=size, max_bin_len=size,
+            max_array_len=size, max_map_len=size, max_ext_len=size,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise LogFormatError(offset, f"record body is not valid msgpack ({type(exc).__name__}: "
+                                     f"{exc})") from None
+
+
+# -- encoding -------------------------------------------------------------------
+def _getter(cls: type[Event]) -> Callable[[Event], tuple[Any, ...]]:
+    names = [f.name for f in attrs.fields(cls)]  # type: ignore[arg-type]
+    if len(names) == 1:
+        single = attrgetter(names[0])
+        return lambda evt: (single(evt),)
+    return attrgetter(*names)  # type: ignore[return-value]
+
+
+_FIELD_GETTERS: dict[type[Event], Callable[[Event], tuple[Any, ...]]] = {
+    cls: _getter(cls) for cls in EVENT_TYPES.values()
+}
+
+
+def event_body(packer: msgpack.Packer, evt: Event) -> bytes:
+    """``[tag, version, *fields]`` packed (tuples pack as msgpack arrays)."""
+    cls = type(evt)
+    getter = _FIELD_GETTERS.get(cls)
+    if getter is None:
+        getter = _FIELD_GETTERS[cls] = _getter(cls)
+    return packer.pack((cls.TAG, cls.VERSION, *getter(evt)))
+
+
+def checkpoint_body(packer: msgpack.Packer, seq: int, fingerprint: bytes) -> bytes:
+    return packer.pack((CHECKPOINT_TAG, 1, seq, fingerprint))
+
+
+def end_body(packer: msgpack.Packer, count: int, fingerprint: bytes) -> bytes:
+    return packer.pack((END_TAG, 1, count, fingerprint))
+
+
+def new_packer() -> msgpack.Packer:
+    return msgpack.Packer(use_bin_type=True, autoreset=True)
+
+
+def preamble(header: LogHeader) -> bytes:
+    """Magic, format version and the framed header map."""
+    body = new_packer().pack(header.to_map())
+    if len(body) > MAX_HEADER_BYTES:
+        raise ValueError(f"header is {len(body)} bytes, over the {MAX_HEADER_BYTES} limit")
+    return MAGIC + VERSION_FIELD.pack(header.format_version) + frame(body)
+
+
+# -- header decoding ------------------------------------------------------------
+def _require(value: Any, kind: type | tuple[type, ...], what: str, offset: int) -> Any:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise LogFormatError(offset, f"header field {what} has type {type(value).__name__}")
+    return value
+
+
+def parse_header(raw: Any, format_version: int, offset: int) -> LogHeader:
+    """Validate the decoded header map and build a ``LogHeader``."""
+    if not isinstance(raw, dict):
+        raise LogFormatError(offset, f"header is a {type(raw).__name__}, not a map")
+    missing = {"geometry", "checkpoint_every"} - raw.keys()
+    if missing:
+        raise LogFormatError(offset, f"header lacks {sorted(missing)}")
+    if raw.get("format", format_version) != format_version:
+        raise LogFormatError(offset, f"header says format {raw.get('format')!r}, "
+                                     f"preamble says {format_version}")
+    if raw.get("initial", "empty") != "empty":
+        raise LogFormatError(offset, f"unsupported initial state {raw.get('initial')!r}")
+    geo = _require(raw["geometry"], dict, "geometry", offset)
+    fields = {}
+    for name in ("num_pages", "page_size", "num_rows", "row_width"):
+        if name in geo:
+            fields[name] = _require(geo[name], int, f"geometry.{name}", offset)
+    try:
+        geometry = Geometry(**fields)
+    except (TypeError, ValueError) as exc:
+        raise LogFormatError(offset, f"bad geometry: {exc}") from None
+    every = _require(raw["checkpoint_every"], int, "checkpoint_every", offset)
+    if every < 0:
+        raise LogFormatError(offset, f"checkpoint_every {every} is negative")
+    fingerprint = _require(raw.get("initial_fingerprint", b""), bytes, "initial_fingerprint", offset)
+    versions = _require(raw.get("event_versions", {}), dict, "event_versions", offset)
+    meta = _require(raw.get("meta", {}), dict, "meta", offset)
+    version_text = _require(raw.get("kvstate_version", ""), str, "kvstate_version", offset)
+    return LogHeader(geometry, format_version, version_text, every, fingerprint,
+                     dict(versions), dict(meta))
