@@ -24,7 +24,7 @@ EVENT_TYPES: dict[str, type[Event]] = {}
 
 
 def ints(values: Iterable[Any]) -> tuple[int, ...]:
-    return tuple(int(v) for v in values)
+    return tuple(map(int, values))
 
 
 def request_ids(values: Iterable[Any]) -> tuple[RequestId, ...]:
@@ -32,11 +32,11 @@ def request_ids(values: Iterable[Any]) -> tuple[RequestId, ...]:
 
 
 def slot_items(values: Iterable[Any]) -> tuple[tuple[RequestId, tuple[int, ...]], ...]:
-    return tuple((_request_id(r), ints(slots)) for r, slots in values)
+    return tuple((r if type(r) is str else int(r), tuple(map(int, s))) for r, s in values)
 
 
 def commit_items(values: Iterable[Any]) -> tuple[tuple[RequestId, int], ...]:
-    return tuple((_request_id(r), int(n)) for r, n in values)
+    return tuple((r if type(r) is str else int(r), int(n)) for r, n in values)
 
 
 def _request_id(value: Any) -> RequestId:
@@ -52,6 +52,15 @@ class Event:
     def to_fields(self) -> list[Any]:
         """Field values as plain msgpack types (tuples become lists)."""
         return [_plain(getattr(self, f.name)) for f in attrs.fields(type(self))]  # type: ignore[arg-type]
+
+    @classmethod
+    def trusted(cls: type[E], *values: Any) -> E:
+        """Build without running converters: for planner hot paths whose values
+        already have the exact field types (tuples of ints, int/str ids)."""
+        instance = object.__new__(cls)
+        for field, value in zip(attrs.fields(cls), values, strict=True):  # type: ignore[arg-type]
+            object.__setattr__(instance, field.name, value)
+        return instance
 
     @classmethod
     def from_fields(cls: type[E], fields: list[Any]) -> E:

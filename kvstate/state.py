@@ -21,8 +21,9 @@ in the explorer) costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from typing import Any, NamedTuple
 
 import attrs
 from immutables import Map
@@ -68,9 +69,12 @@ class Geometry:
         return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
 
 
-@attrs.frozen
-class Node:
-    """A radix-tree node.  ``pages`` back ``key`` page by page (len(key) == len(pages) * P)."""
+class Node(NamedTuple):
+    """A radix-tree node.  ``pages`` back ``key`` page by page (len(key) == len(pages) * P).
+
+    An immutable record (a NamedTuple: cheap to build on the hot path); change
+    it with ``node._replace(...)``.
+    """
 
     parent: int
     key: tuple[int, ...]
@@ -80,8 +84,7 @@ class Node:
     last_access: int
 
 
-@attrs.frozen
-class Request:
+class Request(NamedTuple):
     """A request's table: ``allocated`` tokens mapped through ``pages``; ``committed`` written."""
 
     pages: PVector[int]
@@ -151,13 +154,10 @@ class State:
         """Slots mapped for token positions ``[start, stop)`` of a request."""
         record = self.requests[request_id]
         end = record.allocated if stop is None else min(stop, record.allocated)
-        size = self.geometry.page_size
-        table = record.pages
-        return [table[pos // size] * size + pos % size for pos in range(start, end)]
+        return list(slot_span(record.pages, self.geometry.page_size, start, end))
 
     def node_slots(self, node_id: int) -> list[int]:
-        size = self.geometry.page_size
-        return [page * size + offset for page in self.nodes[node_id].pages for offset in range(size)]
+        return list(expand_pages(self.nodes[node_id].pages, self.geometry.page_size))
 
     def path_to_root(self, node_id: int) -> Iterator[int]:
         """Node ids from ``node_id`` up to (excluding) the root."""
@@ -170,8 +170,28 @@ class State:
         return len(self.nodes[node_id].children) == 0
 
     def with_changes(self, **changes: Any) -> State:
-        """A new state with ``changes`` and a fresh fingerprint cache."""
-        return attrs.evolve(self, _fingerprint=[], **changes)
+        """A new state with ``changes`` and a fresh fingerprint cache (hot path: no evolve)."""
+        get = changes.get
+        return State(*[get(name, getattr(self, name)) for name in _STATE_FIELDS])
+
+
+_STATE_FIELDS = tuple(f.name for f in attrs.fields(State) if f.name != "_fingerprint")
+
+
+def expand_pages(pages: Sequence[int], page_size: int) -> tuple[int, ...]:
+    """Every slot of ``pages``, in order (``page * P + offset``)."""
+    if page_size == 1:
+        return tuple(pages)
+    return tuple(chain.from_iterable(range(p * page_size, p * page_size + page_size) for p in pages))
+
+
+def slot_span(pages: Sequence[int], page_size: int, start: int, stop: int) -> tuple[int, ...]:
+    """Slots of token positions ``[start, stop)`` of a page table (positions from 0)."""
+    if stop <= start:
+        return ()
+    first, last = start // page_size, -(-stop // page_size)
+    offset = first * page_size
+    return expand_pages(pages[first:last], page_size)[start - offset: stop - offset]
 
 
 def initial_state(geometry: Geometry) -> State:

@@ -63,24 +63,6 @@ def _table_injective(state: State) -> list[str]:
     return out
 
 
-@_always("exclusive_tail")
-def _exclusive_tail(state: State) -> list[str]:
-    """A request's partial last page (the one appends write into) is its own, unshared."""
-    size = state.geometry.page_size
-    out = []
-    for rid, record in state.requests.items():
-        if record.allocated % size == 0:
-            continue
-        page = record.pages[-1]
-        held = state.holders.get(page, ())
-        if page in state.page_node and rid not in held:
-            continue  # a tree page it only reads (matched prefix); appends are refused there
-        if held != (rid,) or page in state.page_node:
-            out.append(f"request {rid!r} writes into page {page} shared with {list(held)}"
-                       f"{' and the tree' if page in state.page_node else ''}")
-    return out
-
-
 # -- TRANSITIONS -----------------------------------------------------------------------
 TRANSITIONS: dict[str, EdgeCheck] = {}
 

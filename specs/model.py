@@ -14,13 +14,15 @@ Decisions where the design text leaves room (each one is a property in SPEC.md):
   would share a slot);
 * a token is only ever appended into a partial page the request holds alone
   (writing into a page someone else also maps corrupts their KV);
+* ``Unlock(n)`` releases a lock taken by ``Lock(n)``: ``n`` must hold a lock of
+  its own (``lock_ref(n)`` minus its children's), else the path would be
+  left with a child locked more than its parent;
 * a tree page a request maps without holding it must stay in the tree while
   the request is open: ``Evict`` and ``Reset("tree")`` refuse to drop it.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +93,18 @@ class ModelState:
     def refcount(self, page: int) -> int:
         in_tree = any(page in n.pages for n in self.nodes.values())
         return len(self.holders.get(page, ())) + int(in_tree)
+
+
+def clone(m: ModelState) -> ModelState:
+    """A deep copy (plain containers only, so this is a few comprehensions)."""
+    return ModelState(
+        m.num_pages, m.page_size, m.num_rows, m.row_width, m.clock, m.next_node, list(m.free),
+        {page: set(held) for page, held in m.holders.items()}, list(m.free_rows),
+        dict(m.generation),
+        {rid: MRequest(list(r.pages), r.allocated, r.committed) for rid, r in m.requests.items()},
+        {nid: MNode(n.parent, n.key, list(n.pages), n.lock_ref, n.last_access)
+         for nid, n in m.nodes.items()},
+    )
 
 
 def initial_model(num_pages: int, page_size: int = 1, num_rows: int = 0,
@@ -381,6 +395,9 @@ def _lock(m: ModelState, e: Any) -> None:
 
 def _unlock(m: ModelState, e: Any) -> None:
     _require(e.node in m.nodes, f"unknown node {e.node}")
+    below = sum(m.nodes[c].lock_ref for c in m.children(e.node))
+    _require(m.nodes[e.node].lock_ref - below > 0,
+             f"node {e.node} holds no lock of its own (its locks belong to its descendants)")
     for node_id in m.path(e.node):
         _require(m.nodes[node_id].lock_ref > 0, f"unlock of node {node_id} below zero")
         m.nodes[node_id].lock_ref -= 1
@@ -431,6 +448,6 @@ def step(m: ModelState, event: Any) -> ModelState:
     rule = RULES.get(type(event).__name__)
     if rule is None:
         raise ModelReject(f"no model rule for {type(event).__name__}")
-    out = copy.deepcopy(m)
+    out = clone(m)
     rule(out, event)
     return out

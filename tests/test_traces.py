@@ -7,6 +7,7 @@ import json
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -423,13 +424,16 @@ def test_trace_request_rejects_inconsistent_lengths() -> None:
 # --- the independent reference simulator in tools/ ------------------------------------------
 
 
-def reference_simulator():  # type: ignore[no-untyped-def]
+def reference_simulator() -> Any:
+    """Load tools/trace_hit_rates.py as a module (tools/ is not a package)."""
     import importlib.util
+    import sys
 
     path = Path(__file__).resolve().parents[1] / "tools" / "trace_hit_rates.py"
     spec = importlib.util.spec_from_file_location("trace_hit_rates", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
     spec.loader.exec_module(module)
     return module
 

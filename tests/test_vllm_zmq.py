@@ -394,3 +394,23 @@ def test_end_to_end_over_loopback_tcp(context: Any) -> None:
     finally:
         subscriber.close()
         publisher.shutdown()
+
+
+def test_from_config_and_array_wire_format(context: Any) -> None:
+    config = KVEventsConfig(
+        enable_kv_cache_events=True, endpoint="inproc://cfg", replay_endpoint="inproc://cfg-replay", topic="x"
+    )
+    publisher = ZmqEventPublisher.from_config(config, wire_format="array", context=context)
+    dealer = context.socket(zmq.DEALER)
+    dealer.connect("inproc://cfg-replay")
+    try:
+        assert (publisher.config.buffer_steps, publisher.endpoint) == (10_000, "inproc://cfg")
+        publisher.publish(_batch(0))
+        assert publisher.wait_published(1, WAIT_S)
+        dealer.send_multipart([b"", _seq(0)])
+        frames = _recv(dealer)
+        assert frames[:3] == [b"", b"x", _seq(0)]
+        assert frames[3] == encode_event_batch(KVEventBatch(0.0, [BlockRemoved([0], "GPU")], 0), "array")
+    finally:
+        dealer.close(linger=0)
+        publisher.shutdown()

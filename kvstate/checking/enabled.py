@@ -76,8 +76,7 @@ def candidate_events(state: State, scope: Scope) -> Iterator[ev.Event]:
         for rid, record in requests:
             if record.allocated % size == 0:
                 for page in held:
-                    if page not in record.pages:
-                        yield ev.Share(rid, record.allocated, _page_slots(page, size))
+                    yield ev.Share(rid, record.allocated, _page_slots(page, size))
     if "truncate" in kinds:
         for rid, record in requests:
             for length in sorted({0, record.allocated - 1, (record.allocated - 1) // size * size}):

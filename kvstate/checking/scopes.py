@@ -47,8 +47,10 @@ def _add(scope: Scope) -> None:
 
 
 _add(Scope("tiny", "event", num_pages=2, page_size=1, num_rows=2, vocab=2, max_depth=6,
+           max_key_pages=2,
            description="2 pages, P=1, 2 rows, every event kind; pinned in CI"))
-_add(Scope("paged", "event", num_pages=2, page_size=2, num_rows=1, vocab=2, max_depth=7,
+_add(Scope("paged", "event", num_pages=2, page_size=2, num_rows=2, vocab=2, max_depth=6,
+           max_key_pages=2,
            description="2 pages of 2 slots, 1 row, every event kind; pinned in CI"))
 _add(Scope("tree", "event", num_pages=3, page_size=1, num_rows=1, vocab=2, max_depth=7,
            kinds=("rows", "allocate", "insert", "split", "touch", "lock", "evict", "free",

@@ -82,6 +82,7 @@ class IntegrityMonitor:
         self.req_content: dict[RequestId, list[Content]] = {}
         self.node_content: dict[int, list[Content]] = {}
         self.slot_content: dict[int, Content] = {}
+        self.copied: dict[int, Content] = {}  # copy destinations not yet mapped by a request
         self.errors: list[str] = []
         self._seed_from(executor.state)
         executor.listeners.append(self.on_plan)
@@ -116,10 +117,12 @@ class IntegrityMonitor:
             content = self.slot_content.get(src)
             if content is None:
                 self.slot_content.pop(dst, None)
+                self.copied.pop(dst, None)
             else:
-                self.slot_content[dst] = content
+                self.slot_content[dst] = self.copied[dst] = content
         for slot in plan.freed_slots:
             self.slot_content.pop(slot, None)
+            self.copied.pop(slot, None)
         for request_id, length in plan.truncated:
             del self.req_content[request_id][length:]
         if plan.new_tokens:
@@ -137,9 +140,9 @@ class IntegrityMonitor:
         for node_id, depth, slots in plan.inserted:
             self._insert(node_id, depth, slots)
         for node_id, at, new_node in plan.split:
-            content = self.node_content.pop(node_id)
-            self.node_content[new_node] = content[:at]
-            self.node_content[node_id] = content[at:]
+            tokens = self.node_content.pop(node_id)
+            self.node_content[new_node] = tokens[:at]
+            self.node_content[node_id] = tokens[at:]
         for node_id in plan.dropped_nodes:
             self.node_content.pop(node_id, None)
         if plan.reset_nodes:
@@ -172,9 +175,9 @@ class IntegrityMonitor:
     def _write_request_tokens(self, state: State, tokens: Sequence[tuple[RequestId, int, int]]) -> None:
         slots, contents = [], []
         for request_id, position, slot in tokens:
-            copied = self.slot_content.get(slot)
+            copied = self.copied.pop(slot, None)
             if copied is not None and copied[1] == position:
-                content = copied  # bytes copied here already (copy-on-write)
+                content = copied  # bytes a Copy put here (copy-on-write): nothing to compute
             else:
                 content = (self.uid_of[request_id], position)
                 slots.append(slot)

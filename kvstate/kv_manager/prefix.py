@@ -44,14 +44,18 @@ def prefix_tokens_of(node: Node) -> int:
 
 
 def find_prefix(state: State, prefix_hash: str) -> int | None:
-    """Node id of the retained prefix registered under ``prefix_hash``, if any."""
-    size = state.geometry.page_size
-    probe = prefix_key(prefix_hash, 0, size)
-    node_id = state.root.children.get(state.geometry.child_key(probe))
-    if node_id is None:
-        return None
-    code = state.nodes[node_id].key[0]
-    return node_id if code == probe[0] else None
+    """Node id of the retained prefix registered under ``prefix_hash``, if any.
+
+    The root's children are indexed by the key's first token (P == 1) or
+    first page, which for P > 1 includes the prefix length; so this scans
+    the root's children for the code (one compare per retained prefix).
+    """
+    code = prefix_code(prefix_hash)
+    nodes = state.nodes
+    for node_id in state.root.children.values():
+        if nodes[node_id].key[0] == code:
+            return node_id
+    return None
 
 
 def layer_pages(node: Node, num_layers: int, layer: int) -> tuple[int, ...]:

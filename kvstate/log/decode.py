@@ -115,41 +115,77 @@ _new = object.__new__
 _set = object.__setattr__
 
 
-def decode_record(raw: Any, offset: int, upcasters: Registry | None = None) -> Event | Checkpoint | EndRecord:
-    """One decoded msgpack body to an event, a checkpoint or the end record."""
-    if type(raw) is not tuple or len(raw) < 2:
-        raise LogFormatError(offset, "record is not an array [tag, version, *fields]")
-    tag, version = raw[0], raw[1]
-    schema = SCHEMAS.get(tag) if type(tag) is str else None
-    if schema is None:
-        if tag == CHECKPOINT_TAG or tag == END_TAG:
-            return _framing_record(raw, offset)
-        raise LogFormatError(offset, f"unknown record tag {tag!r}")
-    if type(version) is not int:
-        raise LogFormatError(offset, f"event {tag!r} version is a {type(version).__name__}")
+def _compile(schema: _Schema) -> Callable[[tuple[Any, ...], int], Event]:
+    """A decoder for one event type: check the field count and types, then build the event.
+
+    Generated once per type so the hot loop has no per-field dispatch.
+    """
     cls = schema.cls
-    fields = raw[2:]
-    if version != cls.VERSION:
-        try:
-            fields = upcast(tag, version, fields, cls.VERSION, upcasters)
-        except UpcastError as exc:
-            raise LogFormatError(offset, str(exc)) from None
     names = schema.names
-    if len(fields) != len(names):
-        raise LogFormatError(offset, f"{cls.__name__} has {len(names)} fields, record has {len(fields)}")
-    for name, validator, value in zip(names, schema.validators, fields, strict=True):
-        if validator is not None and not validator(value):
-            raise LogFormatError(offset, f"{cls.__name__}.{name} has a bad value of type "
-                                         f"{type(value).__name__}")
+    count = len(names)
+    env: dict[str, Any] = {"_new": _new, "_set": _set, "cls": cls, "_bad": _bad_field,
+                           "_count": _bad_count}
+    lines = [f"def decode(fields, offset):",
+             f"    if len(fields) != {count}:",
+             f"        _count(cls, {count}, fields, offset)",
+             f"    {', '.join(f'f{i}' for i in range(count))}, = fields"]
+    for i, (name, validator) in enumerate(zip(names, schema.validators, strict=True)):
+        if validator is not None:
+            env[f"v{i}"] = validator
+            lines.append(f"    if not v{i}(f{i}):")
+            lines.append(f"        _bad(cls, {name!r}, f{i}, offset)")
     if schema.fast:
-        evt = _new(cls)
-        for name, value in zip(names, fields, strict=True):
-            _set(evt, name, value)
-        return evt  # type: ignore[no-any-return]
+        lines.append("    evt = _new(cls)")
+        lines.extend(f"    _set(evt, {name!r}, f{i})" for i, name in enumerate(names))
+        lines.append("    return evt")
+    else:
+        lines.append("    return _construct(cls, fields, offset)")
+        env["_construct"] = _construct
+    exec("\n".join(lines), env)  # noqa: S102 - generated from our own attrs schema
+    return env["decode"]  # type: ignore[no-any-return]
+
+
+def _bad_field(cls: type[Event], name: str, value: Any, offset: int) -> None:
+    raise LogFormatError(offset, f"{cls.__name__}.{name} has a bad value of type {type(value).__name__}")
+
+
+def _bad_count(cls: type[Event], count: int, fields: tuple[Any, ...], offset: int) -> None:
+    raise LogFormatError(offset, f"{cls.__name__} has {count} fields, record has {len(fields)}")
+
+
+def _construct(cls: type[Event], fields: tuple[Any, ...], offset: int) -> Event:
     try:
         return cls(*fields)
     except (TypeError, ValueError) as exc:
         raise LogFormatError(offset, f"bad fields for {cls.__name__}: {exc}") from None
+
+
+DECODERS: dict[str, tuple[type[Event], Callable[[tuple[Any, ...], int], Event]]] = {
+    tag: (schema.cls, _compile(schema)) for tag, schema in SCHEMAS.items()
+}
+
+
+def decode_record(raw: Any, offset: int, upcasters: Registry | None = None) -> Event | Checkpoint | EndRecord:
+    """One decoded msgpack body to an event, a checkpoint or the end record."""
+    if type(raw) is not tuple or len(raw) < 2:
+        raise LogFormatError(offset, "record is not an array [tag, version, *fields]")
+    tag = raw[0]
+    entry = DECODERS.get(tag) if type(tag) is str else None
+    if entry is None:
+        if tag == CHECKPOINT_TAG or tag == END_TAG:
+            return _framing_record(raw, offset)
+        raise LogFormatError(offset, f"unknown record tag {tag!r}")
+    cls, decode = entry
+    version = raw[1]
+    if version is cls.VERSION or version == cls.VERSION and type(version) is int:
+        return decode(raw[2:], offset)
+    if type(version) is not int:
+        raise LogFormatError(offset, f"event {tag!r} version is a {type(version).__name__}")
+    try:
+        fields = upcast(tag, version, raw[2:], cls.VERSION, upcasters)
+    except UpcastError as exc:
+        raise LogFormatError(offset, str(exc)) from None
+    return decode(fields, offset)
 
 
 def _framing_record(raw: tuple[Any, ...], offset: int) -> Checkpoint | EndRecord:

@@ -132,7 +132,7 @@ def unpack_body(body: bytes | memoryview, offset: int) -> Any:
     try:
         return msgpack.unpackb(
             body, use_list=False, raw=False, strict_map_key=True,
-            max_buffer_size=size, max_str_len=size, max_bin_len=size,
+            max_str_len=size, max_bin_len=size,
             max_array_len=size, max_map_len=size, max_ext_len=size,
         )
     except Exception as exc:  # msgpack raises several unrelated types for bad bytes

@@ -168,28 +168,47 @@ class LogReader:
     def _records(self) -> Iterator[tuple[int, Item]]:
         limit = self.max_record_bytes
         upcasters = self.upcasters
+        unpack = unpack_body
+        crc32 = zlib.crc32
+        pack_length = LENGTH.pack
+        read_frame = FRAME.unpack_from
         while True:
-            start = self._base + self._pos
-            # Fast path: the whole frame is already in the buffer.
-            buf, pos = self._buf, self._pos
+            # Fast path: decode every whole frame already in the buffer.
+            buf, pos, base = self._buf, self._pos, self._base
             buf_len = len(buf)
-            if pos + 8 <= buf_len:
-                length, crc = FRAME.unpack_from(buf, pos)
+            while pos + 8 <= buf_len:
+                length, crc = read_frame(buf, pos)
                 end = pos + 8 + length
-                if length <= limit and end <= buf_len:
-                    body = buf[pos + 8:end]
-                    if zlib.crc32(body, zlib.crc32(LENGTH.pack(length))) != crc:
-                        raise LogFormatError(start, "CRC mismatch in record (corrupted bytes)",
-                                             self.records_read)
-                    self._pos = end
+                if length > limit or end > buf_len:
+                    break
+                start = base + pos
+                body = buf[pos + 8:end]
+                if crc32(body, crc32(pack_length(length))) != crc:
+                    self._pos = pos
+                    raise LogFormatError(start, "CRC mismatch in record (corrupted bytes)",
+                                         self.records_read)
+                pos = self._pos = end
+                item = decode_record(unpack(body, start), start, upcasters)
+                if type(item) is EndRecord or type(item) is Checkpoint:
+                    self._check_framing(item, start)  # type: ignore[arg-type]
                 else:
-                    body = self._slow_frame()
-            elif self._at_eof():
+                    self.events_read += 1
+                self.records_read += 1
+                self.offset = base + end
+                yield start, item
+                if type(item) is EndRecord:
+                    if not self._at_eof():
+                        raise LogFormatError(self._base + self._pos, "bytes after the end record",
+                                             self.records_read)
+                    return
+            # Slow path: one frame that straddles the buffer end (or a bad length).
+            self._pos = pos
+            start = base + pos
+            if self._at_eof():
                 raise LogFormatError(start, "log ends without an end record (truncated, or the "
                                             "writer did not finish)", self.records_read)
-            else:
-                body = self._slow_frame()
-            item = decode_record(unpack_body(body, start), start, upcasters)
+            body = self._read_frame(limit, "record")
+            item = decode_record(unpack(body, start), start, upcasters)
             if isinstance(item, Event):
                 self.events_read += 1
             else:
@@ -198,10 +217,10 @@ class LogReader:
             self.offset = self._base + self._pos
             yield start, item
             if isinstance(item, EndRecord):
-                break
-        if not self._at_eof():
-            raise LogFormatError(self._base + self._pos, "bytes after the end record",
-                                 self.records_read)
+                if not self._at_eof():
+                    raise LogFormatError(self._base + self._pos, "bytes after the end record",
+                                         self.records_read)
+                return
 
     def _slow_frame(self) -> bytes:
         return self._read_frame(self.max_record_bytes, "record")

@@ -197,6 +197,8 @@ class Recorder:
         self.meta = dict(meta or {})
         self.writer: LogWriter | None = None
         self._next_checkpoint = checkpoint_every or -1
+        with open(self.path, "wb"):  # fail now, not inside an engine callback, on a bad path
+            pass
         history = self._history()
         self.engine.subscribe(self._on_event)
         self._attached = True

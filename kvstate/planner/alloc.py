@@ -148,6 +148,7 @@ def plan_decode(
     fresh = builder.state.free_pages.head(pages_needed)
     entries = [(length, _last_loc(state, r)) for r, length in zip(request_ids, lengths, strict=True)]
     slots = decode_slots(size, entries, fresh)
-    builder.emit(Allocate(tuple(fresh), tuple((r, (s,)) for r, s in zip(request_ids, slots, strict=True))))
-    builder.emit(Append(tuple((r, n + 1) for r, n in zip(request_ids, lengths, strict=True))))
+    builder.emit(Allocate.trusted(tuple(fresh), tuple(
+        (r, (s,)) for r, s in zip(request_ids, slots, strict=True))))
+    builder.emit(Append.trusted(tuple((r, n + 1) for r, n in zip(request_ids, lengths, strict=True))))
     return builder.done(slots)

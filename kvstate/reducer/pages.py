@@ -17,7 +17,7 @@ from pyrsistent import pvector
 from kvstate.events import Allocate, Append, Assign, Copy, Free, Share, Truncate
 from kvstate.reducer import Reject, handles
 from kvstate.reducer.common import check_distinct, check_page_id, check_request, release_holds
-from kvstate.state import DETACHED, Request, State
+from kvstate.state import DETACHED, Request, State, expand_pages
 
 
 @handles(Allocate)
@@ -47,41 +47,52 @@ def allocate(state: State, event: Allocate) -> State:
             record = out_requests.get(request_id)
             if record is None:
                 raise Reject(f"unknown request {request_id!r}")
+            if not slots:
+                continue
             position = record.allocated
             if position + len(slots) > width:
                 raise Reject(f"request {request_id!r} would map {position + len(slots)} tokens,"
                              f" past the row width {width}")
-            table = record.pages
-            appended: list[int] = []
-            for slot in slots:
-                page, offset = divmod(slot, size)
-                if offset != position % size:
-                    raise Reject(f"slot {slot} at position {position} breaks slot % P == pos % P")
-                if offset == 0:
-                    if page not in fresh or page in used:
-                        raise Reject(f"slot {slot} needs page {page} to be newly allocated "
-                                     "in this event")
-                    used.add(page)
-                    appended.append(page)
-                    out_holders[page] = (request_id,)
-                else:
-                    index = position // size
-                    current = appended[-1] if index >= len(table) else table[index]
-                    if page != current:
-                        raise Reject(f"slot {slot} at position {position} is not in the "
-                                     f"request's partial page {current}")
-                    if not appended and request_id not in state.holders.get(page, ()):
-                        raise Reject(f"request {request_id!r} does not hold its partial page {page}")
-                position += 1
-            if appended:
-                table = table.extend(appended)
-            out_requests[request_id] = Request(table, position, record.committed)
+            offset = position % size
+            head = (size - offset) % size  # slots that continue the current partial page
+            new_pages = [slot // size for slot in slots[head::size]]
+            if head:
+                partial = record.pages[-1]
+                if request_id not in state.holders.get(partial, ()):
+                    raise Reject(f"request {request_id!r} does not hold its partial page {partial}")
+                first_slot = partial * size + offset
+                continues = slots[:head]
+                if continues[0] != first_slot or (
+                        head > 1 and continues != tuple(range(first_slot, first_slot + len(continues)))):
+                    _explain_slots(slots, expand_pages([partial, *new_pages], size)[offset:], position, size)
+            if new_pages and expand_pages(new_pages, size)[: len(slots) - head] != slots[head:]:
+                _explain_slots(slots, (slots[:head] + expand_pages(new_pages, size)), position, size)
+            for page in new_pages:
+                if page not in fresh or page in used:
+                    raise Reject(f"page {page} must be newly allocated in this event "
+                                 "(once) to start a page")
+                used.add(page)
+                out_holders[page] = (request_id,)
+            table = record.pages.extend(new_pages) if new_pages else record.pages
+            out_requests[request_id] = Request(table, position + len(slots), record.committed)
         if used != fresh:
             raise Reject(f"pages {sorted(fresh - used)} were allocated but mapped by no item")
         holders = out_holders.finish()
         requests = out_requests.finish()
     return state.with_changes(free_pages=free_pages.take(pages), holders=holders,
                               requests=requests)
+
+
+def _explain_slots(slots: tuple[int, ...], expected: tuple[int, ...], position: int, size: int) -> None:
+    """Raise a precise rejection for the first slot that breaks the page geometry."""
+    for index, (slot, want) in enumerate(zip(slots, expected, strict=False)):
+        if slot != want:
+            at = position + index
+            if slot % size != at % size:
+                raise Reject(f"slot {slot} at position {at} breaks slot % P == pos % P")
+            raise Reject(f"slot {slot} at position {at} is not in the page that position "
+                         f"maps to (expected slot {want})")
+    raise Reject("slots do not cover the positions they are written to")
 
 
 @handles(Append)
@@ -114,46 +125,49 @@ def assign(state: State, event: Assign) -> State:
     stop = start + len(slots)
     if stop > state.geometry.row_width:
         raise Reject(f"write to position {stop} is past the row width {state.geometry.row_width}")
+    if not slots:
+        return state
     allocated = max(record.allocated, stop)
-    old_pages = list(record.pages)
-    new_pages = old_pages[:]
-    written: dict[int, int] = {}  # page index -> page, for this write
-    for position, slot in zip(range(start, stop), slots, strict=True):
-        page, offset = divmod(slot, size)
-        if offset != position % size:
-            raise Reject(f"slot {slot} at position {position} breaks slot % P == pos % P")
-        check_page_id(state, page)
-        index = position // size
-        if written.setdefault(index, page) != page:
-            raise Reject(f"slot {slot} puts page index {index} on two pages "
-                         f"({written[index]} and {page})")
-        if index < len(new_pages):
+    first, last = start // size, (stop - 1) // size
+    written = [slots[max(index * size, start) - start] // size for index in range(first, last + 1)]
+    expected = expand_pages(written, size)[start - first * size: stop - first * size]
+    if expected != slots:
+        _explain_slots(slots, expected, start, size)
+    check_distinct(written, "page")
+    old_pages = record.pages
+    for index in {first, last}:  # a partly written page must stay the same page
+        if index < len(old_pages):
             page_start = index * size
             covers_page = start <= page_start and min(page_start + size, allocated) <= stop
-            if new_pages[index] != page and not covers_page:
-                raise Reject(f"slot {slot} splits page index {index} between pages "
-                             f"{new_pages[index]} and {page}")
-            new_pages[index] = page
-        else:
-            new_pages.append(page)
+            if old_pages[index] != written[index - first] and not covers_page:
+                raise Reject(f"write splits page index {index} between pages "
+                             f"{old_pages[index]} and {written[index - first]}")
+    replaced = list(old_pages[first: last + 1])
+    outside = set(old_pages[:first]) | set(old_pages[last + 1:])
+    clash = outside.intersection(written)
+    if clash:
+        raise Reject(f"page {min(clash)} would appear twice in request {request_id!r}'s table")
     holders = state.holders
-    kept = set(new_pages)
-    before = set(old_pages)
-    added = [p for p in dict.fromkeys(new_pages) if p not in before]
+    before = set(replaced)
     with holders.mutate() as out:
-        for page in added:
+        for page in written:
+            if page in before or page in state.page_node:
+                continue
             held = out.get(page, ())
-            if page in state.page_node or request_id in held:
+            if request_id in held:
                 continue
             if held == (DETACHED,):
                 out[page] = (request_id,)
             else:
+                check_page_id(state, page)
                 raise Reject(f"page {page} is not allocated to request {request_id!r}"
                              f" (holders {list(held)})")
         holders = out.finish()
-    dropped = [p for p in old_pages if p not in kept]
-    holders = release_holds(holders, state.page_node, request_id, dropped)
-    new_record = Request(pvector(new_pages), allocated, min(record.committed, allocated))
+    kept = set(written)
+    holders = release_holds(holders, state.page_node, request_id,
+                            [p for p in replaced if p not in kept])
+    table = old_pages[:first].extend(written).extend(old_pages[last + 1:])
+    new_record = Request(table, allocated, min(record.committed, allocated))
     return state.with_changes(holders=holders,
                               requests=state.requests.set(request_id, new_record))
 

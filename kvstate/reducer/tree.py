@@ -11,12 +11,14 @@ node id, so a handle taken before the split still covers the whole prefix::
 
 from __future__ import annotations
 
+from typing import Any
+
 from immutables import Map
 
 from kvstate.events import Evict, Insert, Lock, Split, Touch, Unlock
 from kvstate.reducer import Reject, handles
 from kvstate.reducer.common import check_distinct, check_page_id, check_time
-from kvstate.state import ROOT, Node, State
+from kvstate.state import ROOT, Node, State, expand_pages
 
 
 def _node(state: State, node_id: int) -> Node:
@@ -46,13 +48,9 @@ def insert(state: State, event: Insert) -> State:
     child_key = state.geometry.child_key(key)
     if child_key in parent.children:
         raise Reject(f"node {event.parent} already has a child starting with {child_key!r}")
-    pages = []
-    for index in range(0, len(slots), size):
-        page = slots[index] // size
-        for offset in range(size):
-            if slots[index + offset] != page * size + offset:
-                raise Reject(f"slots {list(slots[index:index + size])} are not one whole page")
-        pages.append(page)
+    pages = [slot // size for slot in slots[::size]]
+    if expand_pages(pages, size) != slots:
+        raise Reject(f"slots {list(slots[:8])}... are not whole pages in order")
     check_distinct(pages, "page")
     holders = state.holders
     for page in pages:
@@ -189,10 +187,5 @@ def evict(state: State, event: Evict) -> State:
                               evictable_size=state.evictable_size - evicted_tokens)
 
 
-def _evolve(node: Node, **changes: object) -> Node:
-    fields = {
-        "parent": node.parent, "key": node.key, "pages": node.pages,
-        "children": node.children, "lock_ref": node.lock_ref, "last_access": node.last_access,
-    }
-    fields.update(changes)
-    return Node(**fields)  # type: ignore[arg-type]
+def _evolve(node: Node, **changes: Any) -> Node:
+    return node._replace(**changes)

@@ -1,0 +1,52 @@
+"""Model checking for kvstate: the bounded explorer behind ``kvstate check``.
+
+``run_check(scope, ...)`` explores a named scope (``scopes.SCOPES``) at the
+event level (every legal fact event: policy-free safety) or the planner level
+(every request a user could make), checks the properties in
+``specs.invariants`` plus agreement with the spec model ``specs.model``, and
+returns a ``Report``; on a violation it writes the shortest counterexample as
+a replayable msgpack log.  ``specs`` is the repository's top-level spec
+package; it must be importable (run from the repository root).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+from kvstate.checking.explorer import Report, Violation, explore, random_walks
+from kvstate.checking.levels import EventLevel, geometry_of
+from kvstate.checking.planner_level import PlannerLevel, Policy
+from kvstate.checking.scopes import SCOPES, Scope
+
+__all__ = ["SCOPES", "EventLevel", "PlannerLevel", "Policy", "Report", "Scope", "Violation",
+           "explore", "make_level", "random_walks", "run_check"]
+
+
+def make_level(scope: Scope, policy: Any = None, *, check_model: bool = True,
+               symmetry: bool | None = None) -> Any:
+    if scope.level == "event":
+        if policy is not None:
+            raise ValueError("a policy applies to planner-level scopes only")
+        return EventLevel(scope, check_model=check_model, symmetry=symmetry)
+    return PlannerLevel(scope, policy, check_model=check_model)
+
+
+def run_check(scope: Scope | str, *, policy: Any = None, max_depth: int | None = None,
+              state_limit: int | None = None, walks: int = 0, walk_depth: int = 50,
+              seed: int = 0, check_model: bool = True, symmetry: bool | None = None,
+              log_dir: str | pathlib.Path | None = "replay/failures") -> Report:
+    """Explore ``scope`` (BFS, or ``walks`` random walks); write a log on a violation."""
+    resolved = SCOPES[scope] if isinstance(scope, str) else scope
+    level = make_level(resolved, policy, check_model=check_model, symmetry=symmetry)
+    if walks:
+        report = random_walks(level, walks=walks, depth=walk_depth, seed=seed)
+    else:
+        report = explore(level, max_depth=max_depth, state_limit=state_limit)
+    if report.violation is not None and log_dir is not None:
+        from kvstate.checking.counterexample import write_log
+
+        name = "-".join(report.violation.names)
+        path = pathlib.Path(log_dir) / f"explore-{name}-{resolved.name}.msgpack"
+        report.log_path = str(write_log(path, geometry_of(resolved), report.violation))
+    return report

@@ -1,0 +1,227 @@
+"""Bounded breadth-first exploration and random walks over a search level.
+
+BFS keeps, per fingerprint, only ``(parent fingerprint, step index)``; a
+counterexample is rebuilt by re-expanding worlds from the initial one along
+those indices (expansion order is deterministic), which also re-runs it from
+the initial state and confirms it.  ALWAYS properties are checked on each
+new world, TRANSITIONS (inside the level) on every edge, SOMETIMES probes on
+every edge until each is hit.  A run stops at the first violation.
+
+The explorer owns its own bookkeeping (dicts, a deque) and mutates nothing
+it is given.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from kvstate.checking.levels import Level, Step
+
+
+@attrs.frozen
+class Violation:
+    names: tuple[str, ...]
+    messages: tuple[str, ...]
+    path: tuple[Step, ...]  # labels and events from the initial world, in order
+
+    def events(self) -> list[Any]:
+        return [event for step in self.path for event in step.events]
+
+
+@attrs.define
+class Report:
+    scope: str
+    level: str
+    mode: str
+    unique_states: int = 0
+    edges: int = 0
+    max_depth: int = 0
+    seconds: float = 0.0
+    sometimes_hit: dict[str, int] = attrs.field(factory=dict)
+    sometimes_missed: list[str] = attrs.field(factory=list)
+    violation: Violation | None = None
+    log_path: str | None = None
+    complete: bool = True  # False when a state limit cut the search short
+
+    @property
+    def states_per_second(self) -> float:
+        return self.unique_states / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None and not self.sometimes_missed
+
+    def as_json(self) -> dict[str, Any]:
+        violations = []
+        if self.violation is not None:
+            from kvstate.events import encode_event
+
+            violations.append({
+                "properties": list(self.violation.names),
+                "messages": list(self.violation.messages),
+                "events": [encode_event(e) for e in self.violation.events()],
+                "log": self.log_path,
+            })
+        return {
+            "scope": self.scope, "level": self.level, "mode": self.mode,
+            "unique_states": self.unique_states, "edges": self.edges,
+            "max_depth": self.max_depth, "violations": violations,
+            "sometimes_hit": dict(sorted(self.sometimes_hit.items())),
+            "sometimes_missed": self.sometimes_missed, "seconds": round(self.seconds, 3),
+            "states_per_second": round(self.states_per_second, 1), "complete": self.complete,
+        }
+
+
+def _always(level: Level, world: Any) -> list[tuple[str, str]]:
+    from specs.invariants import check_state
+
+    return check_state(level.state(world))
+
+
+def _probes(level: Level, world: Any, step: Step, previous: tuple[Any, ...], pending: dict[str, Any],
+            hits: dict[str, int]) -> None:
+    from specs.invariants import Edge
+
+    edge = Edge(level.state(world), step.events, level.state(step.world), previous)
+    for name in list(pending):
+        if pending[name](edge):
+            hits[name] = hits.get(name, 0) + 1
+            del pending[name]
+
+
+def _rebuild(level: Level, indices: list[int]) -> tuple[Step, ...]:
+    world = level.initial()
+    path = []
+    for index in indices:
+        step = list(level.expand(world))[index]
+        path.append(step)
+        world = step.world
+    return tuple(path)
+
+
+def explore(level: Level, *, max_depth: int | None = None, state_limit: int | None = None,
+            probes: Iterable[str] | None = None) -> Report:
+    """Exhaustive BFS up to ``max_depth`` (the scope's by default)."""
+    from specs.invariants import SOMETIMES
+
+    scope = level.scope
+    depth_bound = scope.max_depth if max_depth is None else max_depth
+    names = list(SOMETIMES) if probes is None else list(probes)
+    pending = {name: SOMETIMES[name] for name in names}
+    hits: dict[str, int] = {}
+    report = Report(scope.name, scope.level, "bfs")
+    started = time.perf_counter()
+    init = level.initial()
+    init_fp = level.view(init)
+    parent: dict[bytes, tuple[bytes | None, int, tuple[Any, ...]]] = {init_fp: (None, -1, ())}
+    frontier: deque[tuple[Any, bytes, int]] = deque([(init, init_fp, 0)])
+
+    def path_to(fp: bytes) -> list[int]:
+        indices = []
+        while True:
+            up, index, _ = parent[fp]
+            if up is None:
+                return list(reversed(indices))
+            indices.append(index)
+            fp = up
+
+    def fail(indices: list[int], found: list[tuple[str, str]]) -> Report:
+        path = _rebuild(level, indices)
+        report.violation = Violation(tuple(dict.fromkeys(n for n, _ in found)),
+                                     tuple(m for _, m in found), path)
+        report.seconds = time.perf_counter() - started
+        report.unique_states = len(parent)
+        return report
+
+    found = _always(level, init)
+    if found:
+        return fail([], found)
+    while frontier:
+        world, fp, depth = frontier.popleft()
+        report.max_depth = max(report.max_depth, depth)
+        if depth >= depth_bound:
+            continue
+        previous = parent[fp][2]
+        for index, step in enumerate(level.expand(world)):
+            report.edges += 1
+            if step.violations:
+                return fail(path_to(fp) + [index], list(step.violations))
+            if pending:
+                _probes(level, world, step, previous, pending, hits)
+            child_fp = level.view(step.world)
+            if child_fp in parent:
+                continue
+            parent[child_fp] = (fp, index, step.events)
+            found = _always(level, step.world)
+            if found:
+                return fail(path_to(child_fp), found)
+            frontier.append((step.world, child_fp, depth + 1))
+            if state_limit is not None and len(parent) >= state_limit:
+                report.complete = False
+                frontier.clear()
+                break
+    report.seconds = time.perf_counter() - started
+    report.unique_states = len(parent)
+    report.sometimes_hit = hits
+    report.sometimes_missed = sorted(pending)
+    return report
+
+
+def random_walks(level: Level, *, walks: int, depth: int, seed: int = 0,
+                 probes: Iterable[str] | None = None) -> Report:
+    """``walks`` seeded random walks of up to ``depth`` steps; counts distinct states seen."""
+    from specs.invariants import SOMETIMES
+
+    rng = random.Random(seed)
+    names = list(SOMETIMES) if probes is None else list(probes)
+    pending = {name: SOMETIMES[name] for name in names}
+    hits: dict[str, int] = {}
+    report = Report(level.scope.name, level.scope.level, f"walk(seed={seed})")
+    started = time.perf_counter()
+    seen: set[bytes] = set()
+    for _ in range(walks):
+        world = level.initial()
+        indices: list[int] = []
+        previous: tuple[Any, ...] = ()
+        for _step in range(depth):
+            steps = list(level.expand(world))
+            report.edges += len(steps)
+            for step in steps:
+                if step.violations:
+                    bad = indices + [steps.index(step)]
+                    report.violation = Violation(tuple(dict.fromkeys(n for n, _ in step.violations)),
+                                                 tuple(m for _, m in step.violations),
+                                                 _rebuild(level, bad))
+                    report.seconds = time.perf_counter() - started
+                    report.unique_states = len(seen)
+                    return report
+            live = [i for i, s in enumerate(steps) if s.world is not None]
+            if not live:
+                break
+            index = rng.choice(live)
+            step = steps[index]
+            if pending:
+                _probes(level, world, step, previous, pending, hits)
+            indices.append(index)
+            fp = level.view(step.world)
+            if fp not in seen:
+                seen.add(fp)
+                found = _always(level, step.world)
+                if found:
+                    report.violation = Violation(tuple(dict.fromkeys(n for n, _ in found)),
+                                                 tuple(m for _, m in found), _rebuild(level, indices))
+                    break
+            world, previous = step.world, step.events
+            report.max_depth = max(report.max_depth, len(indices))
+    report.seconds = time.perf_counter() - started
+    report.unique_states = len(seen)
+    report.sometimes_hit = hits
+    report.sometimes_missed = sorted(pending)
+    report.complete = False
+    return report

@@ -1,0 +1,221 @@
+"""The planner-level search: every request a user could make, through the planner.
+
+A world is the core ``State`` plus the front end's per-request cursors
+(tokens so far, prompt length, protected length, locked node), which SGLang
+keeps on ``Req``.  Commands, for every open request and every prompt of the
+scope's lengths over its vocabulary:
+
+``admit(prompt)``   row from the stack, ``plan_match``, lock, write the matched
+                    slots, ``plan_extend`` to the prompt length (may evict)
+``decode(token)``   ``plan_decode`` one token (may evict)
+``checkpoint``      ``plan_checkpoint`` (SGLang ``cache_unfinished_req``)
+``finish``          ``plan_release(checkpoint=True)`` (``cache_finished_req``)
+``retract``         ``plan_release(checkpoint=False)``
+``evict``           ``plan_evict`` of one page of tokens
+
+Edge checks: every event a plan emits must be accepted by the reducer
+(``planner_valid``) and agree with the spec model (``refines``) and every
+TRANSITIONS property; an allocation that reports out-of-memory while free
+pages plus evictable tree pages would cover it fails ``no_false_oom``.
+The eviction priority and free-list placement come from a ``Policy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import product
+from typing import Any
+
+import attrs
+
+from kvstate import events as ev
+from kvstate.checking.levels import Step, check_refinement, edge_checks, geometry_of
+from kvstate.checking.scopes import Scope
+from kvstate.checking.views import planner_view
+from kvstate.errors import InvalidEvent
+from kvstate.planner.alloc import new_pages_for_extend, plan_decode, plan_extend
+from kvstate.planner.builder import Plan, PlanBuilder
+from kvstate.planner.evict import lru_priority, plan_evict
+from kvstate.planner.requests import RequestCursor, plan_checkpoint, plan_release
+from kvstate.planner.tree_ops import plan_match
+from kvstate.reducer import apply
+from kvstate.state import ROOT, State, initial_state
+
+
+class Policy:
+    """The default policy: SGLang's LRU eviction; frees at the head when pages are > 1 slot.
+
+    Subclass (or duck-type) it to check your own: ``priority(state, node_id)``
+    orders eviction candidates (smallest first), ``at_head(state)`` says where
+    freed pages go.
+    """
+
+    def priority(self, state: State, node_id: int) -> Any:
+        return lru_priority(state, node_id)
+
+    def at_head(self, state: State) -> bool:
+        return state.geometry.page_size > 1
+
+
+@attrs.frozen
+class Cursor:
+    row: int
+    tokens: tuple[int, ...]
+    prompt_len: int
+    protected_len: int
+    last_node: int
+
+    def core(self) -> RequestCursor:
+        return RequestCursor(self.row, self.protected_len, self.last_node)
+
+
+@attrs.frozen
+class World:
+    state: State
+    cursors: tuple[Cursor, ...]  # sorted by row
+
+
+class _Failed(Exception):
+    def __init__(self, name: str, message: str, events: tuple[ev.Event, ...]) -> None:
+        super().__init__(message)
+        self.name, self.message, self.events = name, message, events
+
+
+def freeable_pages(state: State) -> int:
+    """Free pages plus tree pages eviction could release (unlocked nodes, pages nobody else holds)."""
+    return len(state.free_pages) + sum(
+        1 for nid, node in state.nodes.items() if nid != ROOT and node.lock_ref == 0
+        for page in node.pages if page not in state.holders)
+
+
+class PlannerLevel:
+    def __init__(self, scope: Scope, policy: Any = None, *, check_model: bool = True) -> None:
+        self.scope = scope
+        self.policy = Policy() if policy is None else policy
+        self.check_model = check_model
+        self.geometry = geometry_of(scope)
+        vocab = range(1, scope.vocab + 1)
+        self.prompts = [p for n in scope.prompt_lengths for p in product(vocab, repeat=n)]
+
+    def initial(self) -> World:
+        return World(initial_state(self.geometry), ())
+
+    def state(self, world: World) -> State:
+        return world.state
+
+    def view(self, world: World) -> bytes:
+        extra = [[c.row, list(c.tokens), c.prompt_len, c.protected_len] for c in world.cursors]
+        return planner_view(world.state, extra, tuple(c.last_node for c in world.cursors))
+
+    # -- commands ---------------------------------------------------------------------
+    def commands(self, world: World) -> Iterator[tuple[str, Any]]:
+        kinds = set(self.scope.kinds)
+        state = world.state
+        if "admit" in kinds and len(state.free_rows) > 0:
+            for prompt in self.prompts:
+                yield f"admit{list(prompt)}", ("admit", prompt)
+        for cursor in world.cursors:
+            if "decode" in kinds:
+                for token in range(1, self.scope.vocab + 1):
+                    yield f"decode(row={cursor.row}, token={token})", ("decode", cursor, token)
+            for name in ("checkpoint", "finish", "retract"):
+                if name in kinds:
+                    yield f"{name}(row={cursor.row})", (name, cursor)
+        if "evict" in kinds:
+            yield "evict(one page)", ("evict",)
+
+    def expand(self, world: World) -> Iterator[Step]:
+        for label, command in self.commands(world):
+            try:
+                outcome = self._run(world, command)
+            except _Failed as failed:
+                yield Step(label, failed.events, None, ((failed.name, failed.message),))
+                continue
+            if outcome is None:
+                continue  # a correct out-of-memory: nothing happens
+            plan, cursors = outcome
+            violations = self._check_events(world.state, plan.events)
+            yield Step(label, plan.events, World(plan.state, cursors), tuple(violations))
+
+    def _check_events(self, state: State, events: tuple[ev.Event, ...]) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for event in events:
+            after = apply(state, event)
+            if self.check_model:
+                out += check_refinement(state, event, after, None)
+            out += edge_checks(state, event, after)
+            state = after
+        return out
+
+    def _run(self, world: World, command: tuple[Any, ...]) -> tuple[Plan[Any], tuple[Cursor, ...]] | None:
+        builder = PlanBuilder(world.state)
+        try:
+            cursors = self._plan(builder, world, command)
+        except InvalidEvent as exc:
+            raise _Failed("planner_valid", f"the planner emitted a rejected event: {exc}",
+                          tuple(builder.events) + (exc.event,)) from None
+        if cursors is None:
+            return None
+        return builder.done(None), tuple(sorted(cursors, key=lambda c: c.row))
+
+    def _oom(self, builder: PlanBuilder, needed: int, what: str) -> None:
+        freeable = freeable_pages(builder.state)
+        if needed <= freeable:
+            raise _Failed("no_false_oom", f"{what} reported out of memory needing {needed} pages "
+                                          f"while {freeable} could be made free",
+                          tuple(builder.events))
+
+    def _plan(self, builder: PlanBuilder, world: World, command: tuple[Any, ...]) -> list[Cursor] | None:
+        policy, size = self.policy, self.geometry.page_size
+        state = world.state
+        at_head = policy.at_head(state)
+        others = [c for c in world.cursors if len(command) < 2 or c is not command[1]]
+        kind = command[0]
+        if kind == "admit":
+            prompt = command[1]
+            row = state.free_rows.head(1)[0]
+            builder.emit(ev.ReqAlloc((row,)))
+            matched = builder.extend(plan_match(builder.state, prompt, limit=len(prompt) - 1))
+            if matched.last_node != ROOT:
+                builder.emit(ev.Lock(matched.last_node))
+            if matched.length:
+                builder.emit(ev.Assign(row, 0, matched.slots))
+            plan = plan_extend(builder.state, [(row, len(prompt))], at_head=at_head,
+                               priority=policy.priority)
+            if plan is None:
+                self._oom(builder, new_pages_for_extend(size, matched.length, len(prompt)), "admit")
+                return None
+            builder.extend(plan)
+            return others + [Cursor(row, tuple(prompt), len(prompt), matched.length,
+                                    matched.last_node)]
+        if kind == "decode":
+            cursor, token = command[1], command[2]
+            if len(cursor.tokens) >= self.geometry.row_width:
+                return None
+            decode = plan_decode(state, [cursor.row], at_head=at_head, priority=policy.priority)
+            if decode is None:
+                needed = 1 if state.requests[cursor.row].allocated % size == 0 else 0
+                self._oom(builder, needed, "decode")
+                return None
+            builder.extend(decode)
+            return others + [attrs.evolve(cursor, tokens=cursor.tokens + (token,))]
+        if kind == "checkpoint":
+            cursor = command[1]
+            new = builder.extend(plan_checkpoint(state, cursor.core(), cursor.tokens,
+                                                 prompt_len=cursor.prompt_len,
+                                                 up_to=len(cursor.tokens), at_head=at_head))
+            return others + [attrs.evolve(cursor, protected_len=new.protected_len,
+                                          last_node=new.last_node)]
+        if kind in ("finish", "retract"):
+            cursor = command[1]
+            builder.extend(plan_release(state, cursor.core(), cursor.tokens,
+                                        prompt_len=cursor.prompt_len, owned=len(cursor.tokens),
+                                        checkpoint=kind == "finish", at_head=at_head))
+            return others
+        if kind == "evict":
+            plan = plan_evict(state, size, at_head=at_head, priority=policy.priority)
+            if not plan.events:
+                return None
+            builder.extend(plan)
+            return list(world.cursors)
+        raise ValueError(f"unknown command {kind!r}")

@@ -1,0 +1,79 @@
+"""Builders for the ``replay/`` regression corpus (hand-written scenarios and damaged logs).
+
+Each builder returns events that the current reducer accepts (they are
+produced by the core itself, through the SGLang front end or the planner),
+or, for the deliberately failing and malformed entries, documents exactly
+what is wrong.  ``tools/make_replay_corpus.py`` writes the files and their
+``.expect.json`` sidecars; the tests replay them.  Nothing here touches the
+file system except :func:`write_expectation`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from kvstate.engine import Engine
+from kvstate.events import Allocate, Append, Assign, Event, Free, Lock, ReqAlloc
+from kvstate.planner import plan_insert, plan_match
+from kvstate.planner.requests import RequestCursor, plan_release
+from kvstate.sglang import RadixCache, ReqToTokenPool, TokenToKVPoolAllocator
+from kvstate.state import DETACHED, Geometry
+
+
+def seed_000_radix_example() -> tuple[Geometry, list[Event]]:
+    """Seed 000's radix tree walk: insert, a partial match that splits, lock, unlock, evict."""
+    engine = Engine(Geometry(num_pages=1))
+    pool = ReqToTokenPool(size=4, max_context_len=32, engine=engine)
+    allocator = TokenToKVPoolAllocator(size=32, engine=engine)
+    cache = RadixCache(pool, allocator, page_size=1)
+    cache.insert([1, 2, 3, 4, 5])  # one leaf
+    cache.insert([1, 2, 3, 6, 7])  # splits [1,2,3] off, new leaf [6,7]
+    _, node = cache.match_prefix([1, 2, 3, 6, 9])  # hits 4 tokens, splits [6,7] at 1
+    cache.inc_lock_ref(node)
+    cache.evict(32)  # only the unlocked leaves go
+    cache.dec_lock_ref(node)
+    cache.evict(2)  # now the LRU leaf goes
+    return engine.geometry, list(engine.events)
+
+
+def seed_001_prefix_hit() -> tuple[Geometry, list[Event]]:
+    """Seed 001's walk-through: req_0's 5-token prompt hits slots [42, 17, 88], takes [5, 9].
+
+    kvstate reserves row 0 as padding, so req_0 sits in row 1.
+    """
+    geometry = Geometry(num_pages=128, page_size=1, num_rows=4, row_width=64)
+    engine = Engine(geometry)
+    prompt = (101, 102, 103, 104, 105)
+    # An earlier request left prompt[:3] cached in slots 42, 17, 88.
+    engine.apply(Allocate((42, 17, 88)))
+    engine.commit(plan_insert(engine.state, prompt[:3], (42, 17, 88), DETACHED))
+    row = 1
+    engine.apply(ReqAlloc((row,)))
+    match = engine.commit(plan_match(engine.state, prompt[:4]))
+    assert match.slots == (42, 17, 88), match
+    engine.apply(Lock(match.last_node))
+    engine.apply(Assign(row, 0, match.slots))  # req_to_token[1][:3] = [42, 17, 88]
+    engine.apply(Allocate((5, 9), ((row, (5, 9)),)))  # two new slots for tokens 4 and 5
+    engine.apply(Append(((row, 5),)))
+    cursor = RequestCursor(row, 3, match.last_node)
+    engine.commit(plan_release(engine.state, cursor, prompt, prompt_len=5, owned=5,
+                               checkpoint=True, at_head=False))
+    return geometry, list(engine.events)
+
+
+def double_free(events: list[Event], geometry: Geometry) -> list[Event]:
+    """The given valid events plus a Free of a page that is already free (refused)."""
+    from kvstate.reducer import apply_all
+    from kvstate.state import initial_state
+
+    state = apply_all(initial_state(geometry), events)
+    page = next(iter(state.free_pages))
+    return [*events, Free((page,))]
+
+
+def write_expectation(path: str | os.PathLike[str], expectation: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump(expectation, out, indent=2, sort_keys=True)
+        out.write("\n")

@@ -1,0 +1,201 @@
+"""Regenerate the committed ``replay/`` corpus and the bundled demo log.
+
+    python tools/make_replay_corpus.py [--out DIR]
+
+Writes every log with its ``.expect.json`` sidecar (the expected exit code,
+event and request counts, final fingerprint and, for failing logs, the
+failure), and ``kvstate/log/demo_data.py`` (the demo log's bytes, so
+``kvstate replay`` works from an installed package).  Output is
+deterministic: running it twice gives identical bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvstate.log import Recorder, replay_path, write_log
+from kvstate.log.corpus import double_free, seed_000_radix_example, seed_001_prefix_hit
+from kvstate.log.format import FRAME, LENGTH, MAGIC, PREAMBLE_SIZE
+from kvstate.log.synthetic import SyntheticRun, WorkloadSpec, run_synthetic
+
+ROOT = Path(__file__).resolve().parent.parent
+REPLAY = ROOT / "replay"
+DEMO = "synthetic/demo_sglang_p4.kvlog"
+SYNTHETIC = {
+    "synthetic/demo_sglang_p4.kvlog": WorkloadSpec(requests=24, seed=3, page_size=4, capacity=512,
+                                                   max_running=4),
+    "synthetic/sglang_p1_s7.kvlog": WorkloadSpec(requests=80, seed=7, page_size=1, capacity=768),
+    "synthetic/sglang_p4_s11_tight.kvlog": WorkloadSpec(requests=120, seed=11, page_size=4,
+                                                        capacity=448, max_running=6),
+    "synthetic/sglang_p16_s5.kvlog": WorkloadSpec(requests=60, seed=5, page_size=16, capacity=1024,
+                                                  system_len=(32, 96)),
+}
+
+
+def _record_synthetic(path: Path, spec: WorkloadSpec) -> None:
+    meta = {"workload": "synthetic", "requests": spec.requests, "seed": spec.seed,
+            "page_size": spec.page_size, "capacity": spec.capacity, "front_end": "kvstate.sglang"}
+    holder: dict[str, Recorder] = {}
+
+    def attach(run: SyntheticRun) -> None:
+        holder["recorder"] = Recorder(run.engine, path, checkpoint_every=256, meta=meta, fsync=False)
+
+    run_synthetic(spec, attach=attach)
+    holder["recorder"].close()
+
+
+def _truncate_mid_record(source: Path, target: Path) -> int:
+    """Copy ``source`` cut in the middle of its 10th record; returns that record's offset."""
+    data = source.read_bytes()
+    offset = PREAMBLE_SIZE
+    length, _ = FRAME.unpack_from(data, offset)
+    offset += FRAME.size + length  # past the header frame
+    for _ in range(9):
+        length, _ = FRAME.unpack_from(data, offset)
+        offset += FRAME.size + length
+    length, _ = FRAME.unpack_from(data, offset)
+    target.write_bytes(data[: offset + FRAME.size + length // 2])
+    return offset
+
+
+def _flip_bit(source: Path, target: Path) -> int:
+    """Copy ``source`` with one bit flipped inside the body of its 5th record; returns its offset."""
+    data = bytearray(source.read_bytes())
+    offset = PREAMBLE_SIZE
+    length, _ = FRAME.unpack_from(data, offset)
+    offset += FRAME.size + length
+    for _ in range(4):
+        length, _ = FRAME.unpack_from(data, offset)
+        offset += FRAME.size + length
+    data[offset + FRAME.size + 1] ^= 0x04
+    target.write_bytes(bytes(data))
+    return offset
+
+
+def _corrupt_checkpoint(source: Path, target: Path) -> None:
+    """Copy ``source`` with the first checkpoint's fingerprint changed and its CRC recomputed."""
+    import zlib
+
+    data = bytearray(source.read_bytes())
+    offset = PREAMBLE_SIZE
+    length, _ = FRAME.unpack_from(data, offset)
+    offset += FRAME.size + length
+    while True:
+        length, _ = FRAME.unpack_from(data, offset)
+        body = data[offset + FRAME.size: offset + FRAME.size + length]
+        if body[1:4] == b"\xa2#c":
+            body[-1] ^= 0xFF
+            crc = zlib.crc32(bytes(body), zlib.crc32(LENGTH.pack(length)))
+            data[offset: offset + FRAME.size + length] = FRAME.pack(length, crc) + body
+            break
+        offset += FRAME.size + length
+    target.write_bytes(bytes(data))
+
+
+def _expect(path: Path, description: str, **extra: Any) -> dict[str, Any]:
+    result = replay_path(str(path), check_every=1)
+    out: dict[str, Any] = {"description": description, "exit": 0 if result.ok else
+                           (2 if result.failure and result.failure.kind == "format" else 1),
+                           "events": result.summary.events, "requests": result.summary.requests,
+                           "final_fingerprint": result.summary.final_fingerprint}
+    if result.failure is not None:
+        failure = result.failure.to_json()
+        failure.pop("event", None)
+        out["error"] = failure
+    out.update(extra)
+    return out
+
+
+def build(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Write every corpus log under ``out_dir``; returns name -> expectation."""
+    expectations: dict[str, dict[str, Any]] = {}
+    for sub in ("seed", "synthetic", "failing", "malformed"):
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    def add(name: str, description: str, make: Callable[[Path], None], **extra: Any) -> Path:
+        path = out_dir / name
+        make(path)
+        expectations[name] = _expect(path, description, **extra)
+        return path
+
+    geometry, events = seed_000_radix_example()
+    add("seed/000_radix_example.kvlog", "seed 000: radix insert, split on a partial match, lock, "
+        "evict unlocked leaves, unlock, LRU evict",
+        lambda p: write_log(p, geometry, events, checkpoint_every=4, meta={"scenario": "seed 000"}))
+    geometry1, events1 = seed_001_prefix_hit()
+    seed1 = add("seed/001_prefix_hit_walkthrough.kvlog", "seed 001: req_0 (row 1) hits prefix slots "
+                "[42, 17, 88], takes new slots [5, 9], finishes and caches its prompt",
+                lambda p: write_log(p, geometry1, events1, checkpoint_every=4,
+                                    meta={"scenario": "seed 001"}))
+    for name, spec in SYNTHETIC.items():
+        add(name, f"synthetic SGLang workload: {spec.requests} requests, seed {spec.seed}, page size "
+            f"{spec.page_size}, {spec.capacity} tokens of KV, up to {spec.max_running} running",
+            lambda p, spec=spec: _record_synthetic(p, spec))
+    bad = double_free(events1, geometry1)
+    add("failing/double_free.kvlog", "seed 001 followed by a Free of a page that is already free: "
+        "the reducer refuses the last event",
+        lambda p: _append_unchecked(p, geometry1, bad))
+    add("failing/bad_checkpoint.kvlog", "the seed 001 log with its first checkpoint's fingerprint "
+        "altered (CRC recomputed): a fingerprint mismatch", lambda p: _corrupt_checkpoint(seed1, p))
+    demo = out_dir / DEMO
+    add("malformed/torn_tail.kvlog", "the demo log cut in the middle of its 10th record (a crash "
+        "while writing)", lambda p: None if _truncate_mid_record(demo, p) < 0 else None)
+    add("malformed/bit_flip.kvlog", "the demo log with one bit flipped in its 5th record",
+        lambda p: None if _flip_bit(demo, p) < 0 else None)
+    return expectations
+
+
+def _append_unchecked(path: Path, geometry: Any, events: list[Any]) -> None:
+    """Rewrite ``path`` with ``events`` written verbatim (the last one is invalid)."""
+    from kvstate.log import LogWriter, make_header
+    from kvstate.reducer import apply_all
+    from kvstate.state import initial_state
+
+    writer = LogWriter(path, make_header(geometry, checkpoint_every=0, meta={"scenario": "failing"}),
+                       fsync=False)
+    writer.write_events(events)
+    state = apply_all(initial_state(geometry), events[:-1])
+    writer.close(state.fingerprint())
+
+
+def demo_module(data: bytes) -> str:
+    encoded = "\n".join(textwrap.wrap(base64.b64encode(data).decode("ascii"), 96))
+    return (
+        '"""The bundled demo log: a byte-for-byte copy of ``replay/' + DEMO + '``.\n\n'
+        "Generated by ``tools/make_replay_corpus.py``; ``kvstate replay`` with no LOG\n"
+        "replays it, so the command works from an installed package without the repo.\n"
+        '"""\n\n'
+        "from __future__ import annotations\n\nimport base64\n\n"
+        f'DEMO_NAME = "replay/{DEMO}"\n'
+        f'_DEMO_B64 = """\n{encoded}\n"""\n\n\n'
+        "def demo_bytes() -> bytes:\n"
+        '    """The demo log\'s bytes (decoded on each call)."""\n'
+        '    return base64.b64decode("".join(_DEMO_B64.split()))\n'
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPLAY)
+    args = parser.parse_args(argv)
+    expectations = build(args.out)
+    for name, expectation in expectations.items():
+        sidecar = args.out / (name + ".expect.json")
+        sidecar.write_text(json.dumps(expectation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"{name}: exit {expectation['exit']}, {expectation['events']} events")
+    demo = (args.out / DEMO).read_bytes()
+    assert demo.startswith(MAGIC)
+    (ROOT / "kvstate" / "log" / "demo_data.py").write_text(demo_module(demo), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
