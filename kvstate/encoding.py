@@ -42,11 +42,18 @@ def canonical(state: State) -> list[Any]:
     for node_id, node in sorted(state.nodes.items()):
         children = [[list(k) if isinstance(k, tuple) else k, child]
                     for k, child in sorted(node.children.items(), key=_child_order)]
-        nodes.append([node_id, node.parent, list(node.key), list(node.pages), children,
-                      node.lock_ref, node.last_access])
+        entry = [node_id, node.parent, list(node.key), list(node.pages), children,
+                 node.lock_ref, node.last_access]
+        if node.extra is not None:  # block mode only; radix encodings stay as they were
+            entry.append(node.extra)
+        nodes.append(entry)
+    shape: list[Any] = [geometry.num_pages, geometry.page_size, geometry.num_rows,
+                        geometry.row_width]
+    if geometry.mode != "radix":  # only non-default modes change the encoding
+        shape.append(geometry.mode)
     return [
         ENCODING_VERSION,
-        [geometry.num_pages, geometry.page_size, geometry.num_rows, geometry.row_width],
+        shape,
         state.clock,
         list(state.free_pages),
         holders,

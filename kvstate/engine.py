@@ -96,10 +96,11 @@ class Engine:
             listener(event, state)
 
 
-def _geometry_fields(geometry: Geometry) -> dict[str, int]:
+def _geometry_fields(geometry: Geometry) -> dict[str, Any]:
     return {
         "num_pages": geometry.num_pages,
         "page_size": geometry.page_size,
         "num_rows": geometry.num_rows,
         "row_width": geometry.row_width,
+        "mode": geometry.mode,
     }

@@ -291,3 +291,8 @@ def decode_event(record: list[Any]) -> Event:
         return cls.from_fields(list(record[2:]))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"bad fields for {cls.__name__}: {exc}") from exc
+
+
+# Block-pool (vLLM) events register themselves here so EVENT_TYPES is complete.
+# Imported last: kvstate.events_block imports this module's names.
+from kvstate import events_block as _events_block  # noqa: E402,F401

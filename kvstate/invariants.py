@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-from kvstate.state import DETACHED, ROOT, State
+from kvstate.state import DETACHED, ROOT, State, block_child_key
 
 
 @attrs.frozen
@@ -38,7 +38,13 @@ def _named(name: str) -> Callable[[Check], Check]:
 
 @_named("conservation")
 def _conservation(state: State) -> Iterator[str]:
-    """Free, request/DETACHED-held and tree-held pages partition pages 1..N."""
+    """Free, request/DETACHED-held and tree-held pages partition pages 1..N.
+
+    Block mode: free and held partition 1..N; a cached page may be either.
+    """
+    if state.geometry.mode == "block":
+        yield from _block_conservation(state)
+        return
     free = list(state.free_pages)
     if len(free) != len(set(free)):
         yield "the free list has a duplicate page"
@@ -58,8 +64,15 @@ def _conservation(state: State) -> Iterator[str]:
 
 @_named("refcounts")
 def _refcounts(state: State) -> Iterator[str]:
-    """Every holder is real: an open request whose table maps the page, or DETACHED."""
+    """Every holder is real: an open request whose table maps the page, or DETACHED.
+
+    Block mode: DETACHED (pool-level references) may repeat and sit beside requests.
+    """
+    block = state.geometry.mode == "block"
     for page, held in state.holders.items():
+        if block:
+            yield from _block_holders(state, page, held)
+            continue
         if not held:
             yield f"page {page} has an empty holder entry"
         if len(held) != len(set(held)):
@@ -126,6 +139,9 @@ def _lock_monotonic(state: State) -> Iterator[str]:
 @_named("node_shape")
 def _node_shape(state: State) -> Iterator[str]:
     """Keys and values agree, are page multiples, and the child index is exact."""
+    if state.geometry.mode == "block":
+        yield from _block_node_shape(state)
+        return
     geometry = state.geometry
     size = geometry.page_size
     for node_id, node in state.nodes.items():
@@ -166,7 +182,16 @@ def _request_lengths(state: State) -> Iterator[str]:
 
 @_named("table_refs_live")
 def _table_refs_live(state: State) -> Iterator[str]:
-    """Every page a request maps is held by it or by the tree (no use-after-free)."""
+    """Every page a request maps is held by it or by the tree (no use-after-free).
+
+    Block mode: by the request itself (the tree does not hold); page 0 is the null block.
+    """
+    if state.geometry.mode == "block":
+        for request_id, record in state.requests.items():
+            for page in record.pages:
+                if page and request_id not in state.holders.get(page, ()):
+                    yield f"request {request_id!r} maps page {page}, which it does not hold"
+        return
     for request_id, record in state.requests.items():
         for page in record.pages:
             if page not in state.page_node and request_id not in state.holders.get(page, ()):
@@ -179,6 +204,70 @@ def _clock(state: State) -> Iterator[str]:
     for node_id, node in state.nodes.items():
         if node.last_access > state.clock:
             yield f"node {node_id} access time {node.last_access} is after clock {state.clock}"
+
+
+# -- block mode (vLLM V1 block pool) ----------------------------------------------
+def _block_conservation(state: State) -> Iterator[str]:
+    free = list(state.free_pages)
+    if len(free) != len(set(free)):
+        yield "the free list has a duplicate page"
+    free_set = set(free)
+    held = set(state.holders.keys())
+    both = free_set & held
+    if both:
+        yield f"pages both free and held: {sorted(both)[:8]}"
+    universe = set(range(1, state.geometry.num_pages + 1))
+    missing = universe - free_set - held
+    if missing:
+        yield f"pages neither free nor held (leaked): {sorted(missing)[:8]}"
+    stray = (free_set | held | set(state.page_node.keys())) - universe
+    if stray:
+        yield f"pages outside 1..N (page 0 is the null block): {sorted(stray)[:8]}"
+
+
+def _block_holders(state: State, page: int, held: tuple[object, ...]) -> Iterator[str]:
+    if not held:
+        yield f"page {page} has an empty holder entry"
+    requests = [h for h in held if h != DETACHED or isinstance(h, str)]
+    if len(requests) != len(set(requests)):
+        yield f"page {page} lists a request holder twice: {list(held)}"
+    for holder in requests:
+        record = state.requests.get(holder)  # type: ignore[arg-type]
+        if record is None:
+            yield f"page {page} is held by closed request {holder!r}"
+        elif page not in record.pages:
+            yield f"page {page} is held by request {holder!r} but not in its table"
+
+
+def _block_node_shape(state: State) -> Iterator[str]:
+    """One page of tokens per node, copies recorded both ways, no empty leaf, exact index."""
+    size = state.geometry.page_size
+    for node_id, node in state.nodes.items():
+        if node_id != ROOT:
+            if len(node.key) != size:
+                yield f"node {node_id} key length {len(node.key)} is not the block size {size}"
+            if not node.pages and not len(node.children):
+                yield f"node {node_id} has no copy and no child (should have been pruned)"
+            if len(node.pages) != len(set(node.pages)):
+                yield f"node {node_id} lists a copy twice: {list(node.pages)}"
+            parent = state.nodes.get(node.parent)
+            if parent is None:
+                yield f"node {node_id} has missing parent {node.parent}"
+            elif parent.children.get(block_child_key(node.key, node.extra)) != node_id:
+                yield f"node {node_id} is not indexed under its key in its parent"
+            for page in node.pages:
+                if state.page_node.get(page) != node_id:
+                    yield f"node {node_id} page {page} is not recorded as its"
+        for child_key, child_id in node.children.items():
+            child = state.nodes.get(child_id)
+            if child is None or child.parent != node_id:
+                yield f"node {node_id} child {child_id} does not point back"
+            elif block_child_key(child.key, child.extra) != child_key:
+                yield f"node {node_id} indexes child {child_id} under a wrong key"
+    for page, owner_id in state.page_node.items():
+        owner = state.nodes.get(owner_id)
+        if owner is None or page not in owner.pages:
+            yield f"page {page} claims tree node {owner_id}, which does not hold it"
 
 
 def check(state: State, names: tuple[str, ...] | None = None) -> list[Violation]:

@@ -34,7 +34,8 @@ from kvstate.freequeue import FreeQueue
 DETACHED = 0  # holder id of pages handed out by a bare allocator call
 ROOT = 0  # node id of the radix tree's root
 RequestId = int | str
-ChildKey = int | tuple[int, ...]
+ChildKey = int | tuple[Any, ...]
+MODES = ("radix", "block")
 
 
 @attrs.frozen
@@ -42,13 +43,18 @@ class Geometry:
     """Sizes fixed for a state's lifetime.
 
     ``num_rows`` request rows ``1..num_rows`` (0 when only named requests are
-    used); ``row_width`` the most tokens one request may map.
+    used); ``row_width`` the most tokens one request may map.  ``mode`` is
+    ``"radix"`` (SGLang-style tree: tree pages are never free) or ``"block"``
+    (vLLM-style block pool: one node per page-sized block, a node may hold
+    several physical copies, and a cached page with no holder stays in the
+    free queue as an eviction candidate; see ``kvstate.reducer.block``).
     """
 
     num_pages: int
     page_size: int = 1
     num_rows: int = 0
     row_width: int = 1 << 20
+    mode: str = "radix"
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_pages", "page_size", "row_width"):
@@ -59,6 +65,8 @@ class Geometry:
             raise ValueError(f"num_rows must be an int, got {self.num_rows!r}")
         if self.num_rows < 0:
             raise ValueError(f"num_rows must be >= 0, got {self.num_rows}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
 
     @property
     def num_slots(self) -> int:
@@ -67,6 +75,16 @@ class Geometry:
     def child_key(self, key: tuple[int, ...]) -> ChildKey:
         """Index of a child under its parent: first token, or first page of tokens."""
         return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
+
+
+def block_child_key(key: tuple[int, ...], extra: Any = None) -> tuple[Any, ...]:
+    """Block mode: a child's index under its parent, its tokens plus its extra keys.
+
+    The extra keys (LoRA, multimodal items, cache salt) join as one trailing
+    string (their ``repr``, deterministic for tuples of str/int/bytes), so a
+    key compares and sorts like the plain token tuple it extends.
+    """
+    return tuple(key) if extra is None else (*key, repr(extra))
 
 
 class Node(NamedTuple):
@@ -82,6 +100,7 @@ class Node(NamedTuple):
     children: Map[ChildKey, int]
     lock_ref: int
     last_access: int
+    extra: Any = None  # block mode: the block's tagged extra keys (part of its identity)
 
 
 class Request(NamedTuple):
@@ -141,8 +160,15 @@ class State:
         return self.nodes[ROOT]
 
     def refcount(self, page: int) -> int:
-        """Number of holders of ``page``: requests, DETACHED, and the tree."""
-        return len(self.holders.get(page, ())) + (1 if page in self.page_node else 0)
+        """Number of holders of ``page``: requests, DETACHED, and the tree.
+
+        In block mode the tree does not hold (vLLM's ``ref_cnt``: requests and
+        pool-level references only).
+        """
+        held = len(self.holders.get(page, ()))
+        if self.geometry.mode == "block":
+            return held
+        return held + (1 if page in self.page_node else 0)
 
     def total_size(self) -> int:
         return self.evictable_size + self.protected_size

@@ -95,6 +95,15 @@ class BasicMachine(RuleBasedStateMachine):
         if expected is None:
             req["layers"][layer].append(([half(x) for x in key], [half(x) for x in value]))
 
+    @rule(data=st.data(), count=st.integers(1, 4))
+    def append_valid(self, data: st.DataObject, count: int) -> None:
+        if not self.reqs:
+            return
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        for _ in range(count):
+            for layer in range(LAYERS):
+                self.append(rid, layer, data.draw(vectors()), data.draw(vectors()))
+
     @rule(rid=IDS)
     def free(self, rid: str) -> None:
         expect_call(lambda: self.manager.free(rid), KeyError if rid not in self.reqs else None)
@@ -261,6 +270,15 @@ class PagedMachine(RuleBasedStateMachine):
             model["pages"] += 1
             model["own"][position] = entry
         model["committed"] += 1
+
+    @rule(data=st.data(), count=st.integers(1, 4))
+    def append_valid(self, data: st.DataObject, count: int) -> None:
+        if not self.reqs:
+            return
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        for _ in range(count):
+            for layer in range(LAYERS):
+                self.append(rid, layer, data.draw(vectors()), data.draw(vectors()))
 
     @rule(rid=IDS)
     def free(self, rid: str) -> None:

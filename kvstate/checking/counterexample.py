@@ -1,11 +1,10 @@
-"""Counterexamples: print one event per line and write a replayable msgpack log.
+"""Counterexamples: print one event per line and write a replayable log.
 
-The log is a msgpack map (the layout of ``../shared/reference/style_and_checking.md``
-section 3.6): ``format``, ``version``, ``geometry``, ``events`` (each
-``encode_event`` record), ``steps`` (labels with their event counts),
-``expect`` (the violated properties) and ``origin``.  ``replay_log`` reads
-one back and re-runs it through the reducer.  Writing creates the file's
-directory; nothing else is touched.
+Logs use the project's log format (``kvstate.log``: ``LogWriter`` / ``read_events``),
+so ``kvstate`` log tools can replay and minimise them; the header's ``meta``
+says which properties were violated, where the log came from, and the step
+labels (planner commands) with their event counts.  Writing creates the
+file's directory; nothing else is touched.
 """
 
 from __future__ import annotations
@@ -13,14 +12,9 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-import msgpack
-
 from kvstate.checking.explorer import Violation
-from kvstate.events import Event, decode_event, encode_event
+from kvstate.events import Event, encode_event
 from kvstate.state import Geometry
-
-LOG_FORMAT = "kvstate.log"
-LOG_VERSION = 1
 
 
 def format_violation(violation: Violation) -> str:
@@ -38,24 +32,45 @@ def format_violation(violation: Violation) -> str:
 
 def write_log(path: str | pathlib.Path, geometry: Geometry, violation: Violation,
               origin: str = "explore", note: str = "") -> pathlib.Path:
+    steps = [[step.label, len(step.events)] for step in violation.path]
+    return write_event_log(path, geometry, violation.events(), list(violation.names),
+                           origin=origin, note=note, steps=steps)
+
+
+def write_event_log(path: str | pathlib.Path, geometry: Geometry, events: list[Event],
+                    violation: list[str] | None, *, origin: str, note: str = "",
+                    steps: list[Any] | None = None) -> pathlib.Path:
+    """Write ``events`` as a replayable ``kvstate.log`` file (overwrites ``path``).
+
+    The header's ``meta`` carries ``expect`` (the violated properties), ``origin``,
+    ``note`` and ``steps``.  No end record is written when the last event is one
+    the reducer rejects (the log then ends on the event to look at).
+    """
+    from kvstate.errors import InvalidEvent
+    from kvstate.log.writer import LogWriter, make_header
+    from kvstate.reducer import apply
+    from kvstate.state import initial_state
+
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "format": LOG_FORMAT, "version": LOG_VERSION,
-        "geometry": [geometry.num_pages, geometry.page_size, geometry.num_rows, geometry.row_width],
-        "events": [encode_event(event) for event in violation.events()],
-        "steps": [[step.label, len(step.events)] for step in violation.path],
-        "expect": {"violation": list(violation.names)},
-        "origin": origin, "note": note,
-    }
-    target.write_bytes(msgpack.packb(record, use_bin_type=True))
+    meta = {"expect": {"violation": violation}, "origin": origin, "note": note,
+            "steps": steps or []}
+    state: Any = initial_state(geometry)
+    for event in events:
+        try:
+            state = apply(state, event)
+        except InvalidEvent:
+            state = None
+            break
+    writer = LogWriter(target, make_header(geometry, checkpoint_every=0, meta=meta), fsync=False)
+    writer.write_events(events)
+    writer.close(state.fingerprint() if state is not None else None)
     return target
 
 
 def read_log(path: str | pathlib.Path) -> tuple[Geometry, list[Event], dict[str, Any]]:
-    record = msgpack.unpackb(pathlib.Path(path).read_bytes(), raw=False)
-    if record.get("format") != LOG_FORMAT:
-        raise ValueError(f"{path} is not a {LOG_FORMAT} file")
-    num_pages, page_size, num_rows, row_width = record["geometry"]
-    geometry = Geometry(num_pages, page_size, num_rows, row_width)
-    return geometry, [decode_event(e) for e in record["events"]], record
+    """Geometry, events and header ``meta`` of a counterexample log."""
+    from kvstate.log.reader import read_events
+
+    header, events = read_events(path)
+    return header.geometry, events, dict(header.meta)

@@ -81,7 +81,11 @@ class Report:
 def _always(level: Level, world: Any) -> list[tuple[str, str]]:
     from specs.invariants import check_state
 
-    return check_state(level.state(world))
+    found = check_state(level.state(world))
+    world_checks = getattr(level, "world_checks", None)
+    if world_checks is not None:
+        found += world_checks(world)
+    return found
 
 
 def _probes(level: Level, world: Any, step: Step, previous: tuple[Any, ...], pending: dict[str, Any],

@@ -52,12 +52,16 @@ def geometry_of(scope: Scope) -> Geometry:
 
 
 def check_refinement(before: State, event: ev.Event, after: State | None,
-                     error: str | None) -> list[tuple[str, str]]:
-    """Agreement of the reducer (``after``/``error``) with the spec model on one event."""
+                     error: str | None, model_before: Any = None) -> list[tuple[str, str]]:
+    """Agreement of the reducer (``after``/``error``) with the spec model on one event.
+
+    ``model_before`` may pass ``abstract(before)`` when the caller already has it.
+    """
     from specs.abstraction import abstract, diff
     from specs.model import ModelReject, step
 
-    model_before = abstract(before)
+    if model_before is None:
+        model_before = abstract(before)
     try:
         model_after = step(model_before, event)
     except ModelReject as exc:
@@ -98,6 +102,11 @@ class EventLevel:
         return event_view(world) if self.symmetry else plain_view(world)
 
     def expand(self, world: State) -> Iterator[Step]:
+        model_before = None
+        if self.check_model:
+            from specs.abstraction import abstract
+
+            model_before = abstract(world)
         for event in candidate_events(world, self.scope):
             try:
                 after: State | None = apply(world, event)
@@ -106,7 +115,7 @@ class EventLevel:
                 after, error = None, exc.precondition
             violations: list[tuple[str, str]] = []
             if self.check_model:
-                violations += check_refinement(world, event, after, error)
+                violations += check_refinement(world, event, after, error, model_before)
             if after is None:
                 if violations:
                     yield Step(type(event).__name__, (event,), None, tuple(violations))

@@ -103,6 +103,18 @@ class PlannerLevel:
     def state(self, world: World) -> State:
         return world.state
 
+    def world_checks(self, world: World) -> list[tuple[str, str]]:
+        """Planner-level ALWAYS: each node is locked once per request whose locked path covers it."""
+        expected: dict[int, int] = {}
+        for cursor in world.cursors:
+            for node_id in world.state.path_to_root(cursor.last_node):
+                expected[node_id] = expected.get(node_id, 0) + 1
+        actual = {n: node.lock_ref for n, node in world.state.nodes.items()
+                  if n != ROOT and node.lock_ref}
+        if actual != expected:
+            return [("locks_match_requests", f"lock_ref {actual} but open requests lock {expected}")]
+        return []
+
     def view(self, world: World) -> bytes:
         extra = [[c.row, list(c.tokens), c.prompt_len, c.protected_len] for c in world.cursors]
         return planner_view(world.state, extra, tuple(c.last_node for c in world.cursors))

@@ -51,8 +51,8 @@ _add(Scope("tiny", "event", num_pages=2, page_size=1, num_rows=2, vocab=2, max_d
            description="2 pages, P=1, 2 rows, every event kind; pinned in CI"))
 _add(Scope("paged", "event", num_pages=2, page_size=2, num_rows=2, vocab=2, max_depth=6,
            max_key_pages=2,
-           description="2 pages of 2 slots, 1 row, every event kind; pinned in CI"))
-_add(Scope("tree", "event", num_pages=3, page_size=1, num_rows=1, vocab=2, max_depth=7,
+           description="2 pages of 2 slots, 2 rows, every event kind; pinned in CI"))
+_add(Scope("tree", "event", num_pages=3, page_size=1, num_rows=2, vocab=2, max_depth=6,
            kinds=("rows", "allocate", "insert", "split", "touch", "lock", "evict", "free",
                   "assign", "truncate"),
            max_key_pages=2, description="tree-heavy: insert/split/lock/evict over 3 pages"))
@@ -65,8 +65,8 @@ _add(Scope("planner", "planner", num_pages=3, page_size=1, num_rows=2, vocab=2, 
            kinds=COMMANDS, prompt_lengths=(1, 2), symmetry=False,
            description="SGLang flows through the planner, P=1; pinned in CI"))
 _add(Scope("planner-paged", "planner", num_pages=3, page_size=2, num_rows=2, vocab=2,
-           max_depth=5, kinds=COMMANDS, prompt_lengths=(1, 2, 3), symmetry=False,
-           description="SGLang flows through the planner, P=2 (partial pages)"))
+           max_depth=6, kinds=COMMANDS, prompt_lengths=(1, 2, 3), symmetry=False,
+           description="SGLang flows through the planner, P=2 (partial pages); nightly"))
 _add(Scope("planner-deep", "planner", num_pages=4, page_size=2, num_rows=2, vocab=2,
            max_depth=8, kinds=COMMANDS, prompt_lengths=(1, 2, 3), symmetry=False,
            description="nightly: deeper planner-level search"))

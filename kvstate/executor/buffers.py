@@ -29,8 +29,11 @@ import torch
 from kvstate.config import ModelConfig
 from kvstate.events import Event
 from kvstate.executor.plan import IndexPlan, plan_indices
+from kvstate.executor.plan_host import plan_tiered_indices
 from kvstate.reducer import apply as reduce
+from kvstate.reducer.host import apply_tiered
 from kvstate.state import Geometry, State, initial_state
+from kvstate.state_host import HostTier, TieredState, empty_host_tier
 
 POISON = float("nan")
 
@@ -56,26 +59,45 @@ def slot_runs(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, in
     return runs
 
 
+def raw_words(tensor: torch.Tensor, leading: int = 2) -> torch.Tensor:
+    """Reinterpret a contiguous tensor as ``[*shape[:leading], words]`` of the widest int type.
+
+    Moves on integer words take torch's plain memcpy-like paths; half-precision
+    strided copies do not.  Returns a view (no copy); writes go to ``tensor``.
+    """
+    trailing = 1
+    for extent in tensor.shape[leading:]:
+        trailing *= extent
+    flat = tensor.reshape(*tensor.shape[:leading], trailing)
+    row_bytes = flat.shape[-1] * flat.element_size()
+    for dtype, width in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if row_bytes % width == 0 and flat.element_size() <= width:
+            return flat.view(dtype)
+    return flat.view(torch.uint8)
+
+
 def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: Sequence[int],
-              dst_rows: Sequence[int], max_runs: int = 256) -> None:
+              dst_rows: Sequence[int], max_runs: int = 1024) -> None:
     """``dst[:, dst_rows] = src[:, src_rows]`` over dim 1 of ``[layers, rows, ...]`` tensors.
 
-    Few contiguous runs are copied slice by slice (no temporary); many short
-    runs fall back to one gather plus one scatter.  Mutates ``dst`` only.
+    Contiguous runs are copied slice by slice on integer-word views (no
+    temporary); very many short runs fall back to one gather plus one
+    scatter.  Mutates ``dst`` only.
     """
     if len(src_rows) != len(dst_rows):
         raise ValueError(f"{len(src_rows)} source rows but {len(dst_rows)} destination rows")
     if not src_rows:
         return
+    src_words, dst_words = raw_words(src), raw_words(dst)
     runs = slot_runs(src_rows, dst_rows)
     if len(runs) <= max_runs:
         for s, d, n in runs:
-            dst[:, d:d + n].copy_(src[:, s:s + n], non_blocking=True)
+            dst_words[:, d:d + n].copy_(src_words[:, s:s + n], non_blocking=True)
         return
     src_index = torch.tensor(src_rows, dtype=torch.int64, device=src.device)
     dst_index = torch.tensor(dst_rows, dtype=torch.int64, device=dst.device)
-    gathered = src.index_select(1, src_index)
-    dst.index_copy_(1, dst_index, gathered.to(dst.device, non_blocking=True))
+    gathered = src_words.index_select(1, src_index)
+    dst_words.index_copy_(1, dst_index, gathered.to(dst.device, non_blocking=True))
 
 
 class _Mirror:
@@ -90,6 +112,27 @@ class _Mirror:
         self.geometry = geometry
         self.state: State = initial_state(geometry)
         self.listeners = []
+        self.host_pool: Any = None
+        self.tier: HostTier | None = None
+
+    # -- host tier -------------------------------------------------------------
+    def enable_host(self, host_pool: Any, tier: HostTier | None = None) -> None:
+        """Follow a host tier as well: events then go through the tiered reducer.
+
+        ``host_pool`` (a ``HostPool``) holds the host bytes; ``tier`` the
+        host bookkeeping to start from (empty by default).
+        """
+        tier = empty_host_tier(host_pool.num_pages) if tier is None else tier
+        if tier.num_pages != host_pool.num_pages:
+            raise ValueError(f"host tier has {tier.num_pages} pages, the pool {host_pool.num_pages}")
+        self.host_pool = host_pool
+        self.tier = tier
+
+    @property
+    def tiered_state(self) -> TieredState:
+        if self.tier is None:
+            raise RuntimeError("the executor has no host tier (call enable_host first)")
+        return TieredState(self.state, self.tier)
 
     # -- following the core ----------------------------------------------------
     def attach(self, engine: Any) -> None:
@@ -114,25 +157,47 @@ class _Mirror:
 
     def on_event(self, event: Event, state_after: State) -> None:
         """Engine listener: ``event`` took the last seen state to ``state_after``."""
-        self.apply(event, state_after)
+        self.apply(event, None if self.tier is not None else state_after)
 
-    def apply(self, event: Event, state_after: State | None = None) -> IndexPlan:
+    def apply(self, event: Event, state_after: State | TieredState | None = None) -> IndexPlan:
         """Move the bytes ``event`` implies; returns the index plan it followed.
 
-        ``state_after`` defaults to the pure reducer's result (which raises
-        ``InvalidEvent`` and changes nothing on a bad event).
+        ``state_after`` defaults to the pure reducer's result (the tiered
+        reducer's once a host tier is enabled), which raises ``InvalidEvent``
+        and changes nothing on a bad event.
         """
-        before = self.state
-        after = reduce(before, event) if state_after is None else state_after
-        plan = plan_indices(before, after, event)
-        if plan.copy_src:
-            self.copy_slots(plan.copy_src, plan.copy_dst)
-        if plan.freed_slots and self.poison_freed:
-            self.poison_slots(plan.freed_slots)
-        self.state = after
+        if self.tier is not None:
+            tiered_before = TieredState(self.state, self.tier)
+            tiered_after = (apply_tiered(tiered_before, event) if state_after is None
+                            else state_after)
+            if not isinstance(tiered_after, TieredState):
+                raise TypeError("with a host tier, state_after must be a TieredState")
+            plan = plan_tiered_indices(tiered_before, tiered_after, event)
+            before, after = self.state, tiered_after.core
+            self._move(plan)
+            self.state, self.tier = after, tiered_after.host
+        else:
+            before = self.state
+            core_after = reduce(before, event) if state_after is None else state_after
+            if not isinstance(core_after, State):
+                raise TypeError("without a host tier, state_after must be a State")
+            after = core_after
+            plan = plan_indices(before, after, event)
+            self._move(plan)
+            self.state = after
         for listener in self.listeners:
             listener(event, before, after, plan)
         return plan
+
+    def _move(self, plan: IndexPlan) -> None:
+        if plan.copy_src:
+            self.copy_slots(plan.copy_src, plan.copy_dst)
+        if plan.host_out_src:
+            self.host_pool.offload_slots(plan.host_out_src, plan.host_out_dst)
+        if plan.host_in_src:
+            self.host_pool.load_slots(plan.host_in_src, plan.host_in_dst)
+        if plan.freed_slots and self.poison_freed:
+            self.poison_slots(plan.freed_slots)
 
     # -- subclass data plane ---------------------------------------------------
     def copy_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
@@ -239,10 +304,13 @@ class TorchExecutor(_Mirror):
         self._v.index_fill_(1, index, POISON)
 
     # -- reads in kernel layouts -----------------------------------------------------
-    def gather_kv(self, state: State, request: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather_kv(self, state: State, request: Any, layer: int,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A request's K/V in one layer, contiguous in token order (see ``exports.gather_kv``)."""
         from kvstate.executor.exports import gather_kv
 
-        return gather_kv(self, state, request, layer)
+        return gather_kv(self, state, request, layer, out)
 
 
 @attrs.frozen
@@ -313,7 +381,10 @@ class MLATorchExecutor(_Mirror):
     def poison_slots(self, slots: Sequence[int]) -> None:
         self._kv.index_fill_(1, self._slot_index(slots), POISON)
 
-    def gather_kv(self, state: State, request: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather_kv(self, state: State, request: Any, layer: int,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A request's K/V in one layer, contiguous in token order (see ``exports.gather_kv``)."""
         from kvstate.executor.exports import gather_kv
 
-        return gather_kv(self, state, request, layer)
+        return gather_kv(self, state, request, layer, out)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from kvstate.executor.buffers import raw_words
 from kvstate.state import RequestId, State
 
 
@@ -43,28 +44,41 @@ def request_slots(state: State, request: RequestId) -> list[int]:
     return state.slots_of(request)
 
 
-def gather_kv(executor: Any, state: State, request: RequestId,
-              layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_kv(executor: Any, state: State, request: RequestId, layer: int,
+              out: tuple[torch.Tensor, torch.Tensor] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(k, v)`` of a request's mapped tokens in one layer, contiguous in token order.
 
-    Copies whole pages and trims the last one, so the read is page-granular
-    like a paged kernel's.  For an MLA executor ``k`` is the latent row and
-    ``v`` its first ``kv_lora_rank`` columns.
+    Copies whole pages (as integer words) and trims the last one, so the
+    read is page-granular like a paged kernel's.  ``out`` may give two
+    preallocated tensors of at least ``pages * P`` rows to fill (a workspace);
+    the results are then prefixes of them.  For an MLA executor ``k`` is the
+    latent row and ``v`` its first ``kv_lora_rank`` columns.
     """
     length = _length(state, request)
     pages = torch.tensor(request_pages(state, request), dtype=torch.int64, device=executor.device)
     size = state.geometry.page_size
     k_buffer, v_buffer = executor.get_kv_buffer(layer)
-    return _gather_pages(k_buffer, pages, size, length), _gather_pages(v_buffer, pages, size, length)
+    k_out, v_out = (None, None) if out is None else out
+    return (_gather_pages(k_buffer, pages, size, length, k_out),
+            _gather_pages(v_buffer, pages, size, length, v_out))
 
 
-def _gather_pages(buffer: torch.Tensor, pages: torch.Tensor, size: int, length: int) -> torch.Tensor:
-    paged = buffer.view(-1, size, *buffer.shape[1:]) if buffer.is_contiguous() else None
-    if paged is None:  # a column view (MLA value); gather rows instead
+def _gather_pages(buffer: torch.Tensor, pages: torch.Tensor, size: int, length: int,
+                  out: torch.Tensor | None) -> torch.Tensor:
+    if not buffer.is_contiguous():  # a column view (MLA value): gather rows
         rows = (pages[:, None] * size + torch.arange(size, device=pages.device)).reshape(-1)
-        return buffer.index_select(0, rows[:length])
-    out = paged.index_select(0, pages)
-    return out.reshape(-1, *buffer.shape[1:])[:length]
+        selected = buffer.index_select(0, rows[:length])
+        return selected if out is None else out[:length].copy_(selected)
+    row_shape = buffer.shape[1:]
+    words = raw_words(buffer.view(-1, size, *row_shape), leading=1)
+    if out is None:
+        out = torch.empty((len(pages) * size, *row_shape), dtype=buffer.dtype, device=buffer.device)
+    elif out.shape[1:] != row_shape or out.shape[0] < len(pages) * size or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous [>= {len(pages) * size}, {list(row_shape)}]")
+    target = raw_words(out[: len(pages) * size].view(-1, size, *row_shape), leading=1)
+    torch.index_select(words, 0, pages, out=target)
+    return out[:length]
 
 
 def flashinfer_page_table(state: State, requests: Sequence[RequestId],

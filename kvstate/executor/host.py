@@ -50,21 +50,32 @@ class HostPool:
         """Copy device pages to host pages, every layer (a backup; the device keeps its copy)."""
         if len(device_pages) != len(host_pages):
             raise ValueError("offload needs one host page per device page")
-        src = self._slots(device_pages, self.executor.num_pages + 1)
-        dst = self._slots(host_pages, self.num_pages)
-        for host, device in zip(self._buffers, _device_buffers(self.executor), strict=True):
-            copy_rows(host, device, src, dst)
+        self.offload_slots(self._slots(device_pages, self.executor.num_pages + 1),
+                           self._slots(host_pages, self.num_pages))
 
     def load(self, host_pages: Sequence[int], device_pages: Sequence[int]) -> None:
         """Copy host pages back into device pages, every layer."""
         if len(device_pages) != len(host_pages):
             raise ValueError("load needs one device page per host page")
-        src = self._slots(host_pages, self.num_pages)
-        dst = self._slots(device_pages, self.executor.num_pages + 1)
+        self.load_slots(self._slots(host_pages, self.num_pages),
+                        self._slots(device_pages, self.executor.num_pages + 1))
+
+    def offload_slots(self, device_slots: Sequence[int], host_slots: Sequence[int]) -> None:
         for host, device in zip(self._buffers, _device_buffers(self.executor), strict=True):
-            copy_rows(device, host, src, dst)
+            copy_rows(host, device, device_slots, host_slots)
+        if self.executor.device.type == "cuda":  # the host copy must be complete when we return
+            torch.cuda.current_stream(self.executor.device).synchronize()
+
+    def load_slots(self, host_slots: Sequence[int], device_slots: Sequence[int]) -> None:
+        for host, device in zip(self._buffers, _device_buffers(self.executor), strict=True):
+            copy_rows(device, host, host_slots, device_slots)
         if self.executor.device.type == "cuda":
             torch.cuda.current_stream(self.executor.device).synchronize()
+
+    def read(self, layer: int, host_slots: Sequence[int]) -> list[torch.Tensor]:
+        """Host rows of one layer (K then V, or the latent row), as fresh tensors."""
+        index = torch.tensor(list(host_slots), dtype=torch.int64)
+        return [buffer[layer].index_select(0, index) for buffer in self._buffers]
 
 
 def _device_buffers(executor: Any) -> list[torch.Tensor]:

@@ -83,6 +83,7 @@ class IntegrityMonitor:
         self.node_content: dict[int, list[Content]] = {}
         self.slot_content: dict[int, Content] = {}
         self.copied: dict[int, Content] = {}  # copy destinations not yet mapped by a request
+        self.host_content: dict[int, Content] = {}  # host slot -> what its bytes are
         self.errors: list[str] = []
         self._seed_from(executor.state)
         executor.listeners.append(self.on_plan)
@@ -120,9 +121,28 @@ class IntegrityMonitor:
                 self.copied.pop(dst, None)
             else:
                 self.slot_content[dst] = self.copied[dst] = content
+        for device_slot, host_slot in zip(plan.host_out_src, plan.host_out_dst, strict=True):
+            content = self._linked_content(after, device_slot)
+            if content is None:
+                self.errors.append(f"offload of slot {device_slot}, which holds no computed KV")
+                self.host_content.pop(host_slot, None)
+            else:
+                self.host_content[host_slot] = content
         for slot in plan.freed_slots:
             self.slot_content.pop(slot, None)
             self.copied.pop(slot, None)
+        for host_slot in plan.host_freed:
+            self.host_content.pop(host_slot, None)
+        for host_slot, device_slot in zip(plan.host_in_src, plan.host_in_dst, strict=True):
+            loaded = self.host_content.get(host_slot)
+            if loaded is None:
+                self.errors.append(f"load from host slot {host_slot}, which holds no backup")
+                self.slot_content.pop(device_slot, None)
+            else:
+                self.slot_content[device_slot] = loaded
+        for node_id in plan.loaded_nodes:
+            if node_id not in self.node_content:
+                self.errors.append(f"loaded node {node_id} has no tag record")
         for request_id, length in plan.truncated:
             del self.req_content[request_id][length:]
         if plan.new_tokens:
@@ -273,7 +293,36 @@ class IntegrityMonitor:
                 if not (torch.equal(k_buf.index_select(0, index), k_want)
                         and torch.equal(v_buf.index_select(0, index), v_want)):
                     problems.append(f"layer {layer}: a tree token does not read back its tag")
+        checked += self._verify_host(state, problems)
         return IntegrityReport(not problems, tuple(problems), checked)
+
+    def _verify_host(self, state: State, problems: list[str]) -> int:
+        """Every backed-up node's host pages read back the node's tags (all layers)."""
+        ex = self.executor
+        tier, pool = getattr(ex, "tier", None), getattr(ex, "host_pool", None)
+        if tier is None or pool is None:
+            return 0
+        size = state.geometry.page_size
+        host_slots: list[int] = []
+        contents: list[Content] = []
+        for node_id, pages in tier.backup.items():
+            record = self.node_content.get(node_id)
+            if record is None or len(record) != len(pages) * size:
+                problems.append(f"backed-up node {node_id} has no matching tag record")
+                continue
+            host_slots.extend(page * size + offset for page in pages for offset in range(size))
+            contents.extend(record)
+        for node_id in tier.evicted.keys():
+            if node_id not in self.node_content:
+                problems.append(f"host-only node {node_id} has no tag record")
+        if not contents:
+            return 0
+        for layer in range(ex.layer_num):
+            want = self.expected(contents, layer)
+            got = pool.read(layer, host_slots)
+            if not all(torch.equal(g, w.cpu()) for g, w in zip(got, want, strict=False)):
+                problems.append(f"layer {layer}: a host copy does not read back its node's tags")
+        return len(contents) * ex.layer_num
 
     def _export_reads(self, state: State, requests: list[RequestId], lengths: list[int]) -> Any:
         ex = self.executor

@@ -18,6 +18,11 @@ What the fields mean (slots are ``page * page_size + offset``)::
     split                 (node, at, new_node): new_node took the node's first ``at`` tokens
     dropped_nodes         tree nodes that left the tree
     reset_requests/nodes  every request / every node was dropped (``Reset``)
+    host_out_src/_dst     device slot i is copied to host slot i (a backup; all layers)
+    host_in_src/_dst      host slot i is copied to device slot i (a load-back)
+    host_freed            host slots whose copy was dropped
+    demoted_nodes         nodes whose device copy was evicted but stay host-only
+    loaded_nodes          host-only nodes put back on the device
 
 Every field is a tuple; an event that moves nothing gets ``IndexPlan()``.
 """
@@ -65,10 +70,17 @@ class IndexPlan:
     dropped_nodes: tuple[int, ...] = ()
     reset_requests: bool = False
     reset_nodes: bool = False
+    host_out_src: tuple[int, ...] = ()
+    host_out_dst: tuple[int, ...] = ()
+    host_in_src: tuple[int, ...] = ()
+    host_in_dst: tuple[int, ...] = ()
+    host_freed: tuple[int, ...] = ()
+    demoted_nodes: tuple[int, ...] = ()
+    loaded_nodes: tuple[int, ...] = ()
 
     @property
     def moves_bytes(self) -> bool:
-        return bool(self.copy_src or self.freed_slots)
+        return bool(self.copy_src or self.freed_slots or self.host_out_src or self.host_in_src)
 
 
 EMPTY_PLAN = IndexPlan()

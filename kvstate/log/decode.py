@@ -125,10 +125,10 @@ def _compile(schema: _Schema) -> Callable[[tuple[Any, ...], int], Event]:
     count = len(names)
     env: dict[str, Any] = {"_new": _new, "_set": _set, "cls": cls, "_bad": _bad_field,
                            "_count": _bad_count}
-    lines = [f"def decode(fields, offset):",
+    lines = ["def decode(fields, offset):",
              f"    if len(fields) != {count}:",
              f"        _count(cls, {count}, fields, offset)",
-             f"    {', '.join(f'f{i}' for i in range(count))}, = fields"]
+             f"    ({''.join(f'f{i}, ' for i in range(count))}) = fields"]
     for i, (name, validator) in enumerate(zip(names, schema.validators, strict=True)):
         if validator is not None:
             env[f"v{i}"] = validator
@@ -162,6 +162,10 @@ def _construct(cls: type[Event], fields: tuple[Any, ...], offset: int) -> Event:
 
 DECODERS: dict[str, tuple[type[Event], Callable[[tuple[Any, ...], int], Event]]] = {
     tag: (schema.cls, _compile(schema)) for tag, schema in SCHEMAS.items()
+}
+# tag -> (current version, decoder): the reader's fast path for current-version records.
+CURRENT: dict[str, tuple[int, Callable[[tuple[Any, ...], int], Event]]] = {
+    tag: (cls.VERSION, decode) for tag, (cls, decode) in DECODERS.items()
 }
 
 

@@ -84,12 +84,14 @@ def _step(state: State | None, evt: Event | None) -> tuple[State | None, str | N
 
 def diff_logs(reader_a: LogReader, reader_b: LogReader) -> LogDiff:
     """Replay both logs side by side; raises ``LogFormatError`` if either is malformed."""
-    state_a: State | None = initial_state(reader_a.header.geometry)
-    state_b: State | None = initial_state(reader_b.header.geometry)
+    start_a = initial_state(reader_a.header.geometry)
+    start_b = initial_state(reader_b.header.geometry)
+    state_a: State | None = start_a
+    state_b: State | None = start_b
     event_index: int | None = None
     pair: tuple[Event | None, Event | None] = (None, None)
     state_index: int | None = None
-    difference = describe_state_difference(state_a, state_b) if state_a != state_b else None
+    difference = describe_state_difference(start_a, start_b) if start_a != start_b else None
     if difference is not None:
         state_index = -1
     note = None

@@ -82,18 +82,21 @@ class LogHeader:
     meta: dict[str, Any] = attrs.field(factory=dict)
 
     def to_map(self) -> dict[str, Any]:
-        g = self.geometry
         return {
             "format": self.format_version,
             "kvstate_version": self.kvstate_version,
-            "geometry": {"num_pages": g.num_pages, "page_size": g.page_size,
-                         "num_rows": g.num_rows, "row_width": g.row_width},
+            "geometry": geometry_map(self.geometry),
             "initial": "empty",
             "initial_fingerprint": self.initial_fingerprint,
             "checkpoint_every": self.checkpoint_every,
             "event_versions": dict(sorted(self.event_versions.items())),
             "meta": self.meta,
         }
+
+
+def geometry_map(geometry: Geometry) -> dict[str, Any]:
+    """Every ``Geometry`` field by name (all plain ints and strings)."""
+    return {field.name: getattr(geometry, field.name) for field in attrs.fields(Geometry)}
 
 
 @attrs.frozen
@@ -143,6 +146,8 @@ def unpack_body(body: bytes | memoryview, offset: int) -> Any:
 # -- encoding -------------------------------------------------------------------
 def _getter(cls: type[Event]) -> Callable[[Event], tuple[Any, ...]]:
     names = [f.name for f in attrs.fields(cls)]  # type: ignore[arg-type]
+    if not names:
+        return lambda evt: ()
     if len(names) == 1:
         single = attrgetter(names[0])
         return lambda evt: (single(evt),)
@@ -203,10 +208,12 @@ def parse_header(raw: Any, format_version: int, offset: int) -> LogHeader:
     if raw.get("initial", "empty") != "empty":
         raise LogFormatError(offset, f"unsupported initial state {raw.get('initial')!r}")
     geo = _require(raw["geometry"], dict, "geometry", offset)
-    fields = {}
-    for name in ("num_pages", "page_size", "num_rows", "row_width"):
-        if name in geo:
-            fields[name] = _require(geo[name], int, f"geometry.{name}", offset)
+    known = {field.name for field in attrs.fields(Geometry)}
+    unknown = sorted(set(geo) - known)
+    if unknown:
+        raise LogFormatError(offset, f"geometry has fields this kvstate does not know: {unknown}")
+    fields = {name: _require(value, (int, str), f"geometry.{name}", offset)
+              for name, value in geo.items()}
     try:
         geometry = Geometry(**fields)
     except (TypeError, ValueError) as exc:

@@ -72,7 +72,7 @@ def parse_request_id(text: str) -> RequestId:
 def show_request(state: State, request_id: RequestId, max_slots: int = 64) -> str:
     record = state.requests.get(request_id)
     if record is None:
-        open_ids = sorted((str(r) for r in state.requests.keys()))
+        open_ids = sorted(str(r) for r in state.requests.keys())
         return f"request {request_id!r} is not open (open: {', '.join(open_ids) or 'none'})"
     slots = state.slots_of(request_id, 0, min(record.allocated, max_slots))
     more = f" ... (+{record.allocated - max_slots})" if record.allocated > max_slots else ""

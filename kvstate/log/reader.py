@@ -20,7 +20,9 @@ from collections.abc import Iterator
 from typing import IO
 
 from kvstate.events import Event
-from kvstate.log.decode import decode_record
+import msgpack
+
+from kvstate.log.decode import CURRENT, decode_record
 from kvstate.log.format import (
     FORMAT_VERSION,
     FRAME,
@@ -168,10 +170,11 @@ class LogReader:
     def _records(self) -> Iterator[tuple[int, Item]]:
         limit = self.max_record_bytes
         upcasters = self.upcasters
-        unpack = unpack_body
         crc32 = zlib.crc32
         pack_length = LENGTH.pack
         read_frame = FRAME.unpack_from
+        unpackb = msgpack.unpackb
+        current = CURRENT
         while True:
             # Fast path: decode every whole frame already in the buffer.
             buf, pos, base = self._buf, self._pos, self._base
@@ -188,11 +191,23 @@ class LogReader:
                     raise LogFormatError(start, "CRC mismatch in record (corrupted bytes)",
                                          self.records_read)
                 pos = self._pos = end
-                item = decode_record(unpack(body, start), start, upcasters)
-                if type(item) is EndRecord or type(item) is Checkpoint:
-                    self._check_framing(item, start)  # type: ignore[arg-type]
-                else:
+                try:
+                    # unpackb bounds every str/bin/array/map/ext length by len(body) by default
+                    # (msgpack >= 1.0); the record body itself is capped at max_record_bytes.
+                    raw = unpackb(body, use_list=False)
+                except Exception:  # noqa: BLE001 - re-raised as a typed error with the offset
+                    raw = unpack_body(body, start)  # raises LogFormatError with the reason
+                tag = raw[0] if type(raw) is tuple and len(raw) >= 2 else None
+                entry = current.get(tag) if type(tag) is str else None
+                if entry is not None and raw[1] is entry[0]:
+                    item: Item = entry[1](raw[2:], start)
                     self.events_read += 1
+                else:
+                    item = decode_record(raw, start, upcasters)
+                    if type(item) is EndRecord or type(item) is Checkpoint:
+                        self._check_framing(item, start)  # type: ignore[arg-type]
+                    else:
+                        self.events_read += 1
                 self.records_read += 1
                 self.offset = base + end
                 yield start, item

@@ -178,7 +178,6 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
         state = _run(reader, result, stats, state, check_every, until, checker, verify,
                      on_event, on_progress, progress_every)
     result.state = state
-    summary.events = reader.events_read if result.failure is None else summary.events
     summary.seconds = time.perf_counter() - started
     summary.final_fingerprint = state.fingerprint().hex()
     result.salvaged = reader.stopped

@@ -129,7 +129,7 @@ def run_synthetic(spec: WorkloadSpec, *, attach: Callable[[SyntheticRun], None] 
     waiting = deque(range(spec.requests))
     running: list[tuple[Req, int]] = []  # (request, target output length)
     at_head = spec.page_size > 1
-    engine, cache, pool = run.engine, run.cache, run.pool
+    engine, cache = run.engine, run.cache
 
     def finish(req: Req) -> None:
         cache.cache_finished_req(req)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvstate.engine import Engine
@@ -196,10 +196,10 @@ class Recorder:
                          "fsync": fsync}
         self.meta = dict(meta or {})
         self.writer: LogWriter | None = None
-        self._next_checkpoint = checkpoint_every or -1
         with open(self.path, "wb"):  # fail now, not inside an engine callback, on a bad path
             pass
         history = self._history()
+        self._on_event = self._make_listener()
         self.engine.subscribe(self._on_event)
         self._attached = True
         if history:
@@ -228,12 +228,47 @@ class Recorder:
         self.writer = LogWriter(self.path, header, **self._options)  # type: ignore[arg-type]
         return self.writer
 
-    def _on_event(self, evt: Event, state: State) -> None:
-        writer = self.writer or self._open()
-        writer.write_event(evt)
-        if writer.count == self._next_checkpoint:
-            writer.write_checkpoint(state.fingerprint())
-            self._next_checkpoint += self.checkpoint_every
+    def _make_listener(self) -> Callable[[Event, State], None]:
+        """The engine listener: opens the writer on the first event, then appends records.
+
+        The hot path is one closure with every lookup bound to a local (this
+        is what the per-event recording cost is made of).
+        """
+        recorder = self
+        getters = _FIELD_GETTERS
+        crc32 = zlib.crc32
+        frame_pack = FRAME.pack
+        length_pack = LENGTH.pack
+        every = self.checkpoint_every
+        writer: LogWriter | None = None
+        pack: Callable[[Any], bytes] = bytes
+        extend: Callable[[bytes], None] = bytearray().extend
+        buf = bytearray()
+        limit = 0
+        next_checkpoint = every or -1
+
+        def listener(evt: Event, state: State) -> None:
+            nonlocal writer, pack, extend, buf, limit, next_checkpoint
+            if writer is None:
+                writer = recorder.writer or recorder._open()
+                pack, buf, limit = writer._packer.pack, writer._buf, writer.flush_bytes
+                extend = buf.extend
+            cls = evt.__class__
+            getter = getters.get(cls)
+            if getter is None:
+                raise TypeError(f"{cls.__name__} is not a registered event type")
+            body = pack((cls.TAG, cls.VERSION, *getter(evt)))
+            length = len(body)
+            extend(frame_pack(length, crc32(body, crc32(length_pack(length)))))
+            extend(body)
+            count = writer.count = writer.count + 1
+            if count == next_checkpoint:
+                writer.write_checkpoint(state.fingerprint())
+                next_checkpoint += every
+            if len(buf) >= limit:
+                writer.flush()
+
+        return listener
 
     @property
     def count(self) -> int:

@@ -12,8 +12,6 @@ DETACHED pages back, so every move of a page is visible in the event stream.
 
 from __future__ import annotations
 
-from pyrsistent import pvector
-
 from kvstate.events import Allocate, Append, Assign, Copy, Free, Share, Truncate
 from kvstate.reducer import Reject, handles
 from kvstate.reducer.common import check_distinct, check_page_id, check_request, release_holds

@@ -1,0 +1,366 @@
+"""Shrinking a failing log to the few events that matter (delta debugging).
+
+The failure to keep is a ``Signature``: its kind (``invariant``,
+``invalid_event`` or ``fingerprint``) and its check (the invariant's name;
+for a refused event the event type and the precondition with numbers
+blanked out).  A candidate (the current events with some removed) is kept
+only if replaying it fails with the same signature.  Passes, repeated until
+nothing shrinks:
+
+1. cut everything after the failing event;
+2. drop whole request lifecycles (a request's events from its ``ReqAlloc``
+   to its ``ReqFree``, with the request projected out of batched events);
+3. ddmin over chunks (halves, quarters, ... down to single events).
+
+Removing events shifts the node ids the reducer hands out, so every
+candidate is *repaired* while it is replayed: node ids are renumbered to the
+ids the reducer expects, references to nodes that no longer exist are
+dropped from ``Touch``/``Evict`` (and an event that is left empty goes).
+What survives is replayed for real, so the output is always a valid log that
+fails the same way.  Each candidate replays only from the first changed
+event, starting from the cached state there (states are persistent, so the
+cache costs little).  Pure apart from ``minimize_file``'s file I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from kvstate.errors import InvalidEvent
+from kvstate.events import (
+    Allocate,
+    Append,
+    Assign,
+    Event,
+    Evict,
+    Insert,
+    Lock,
+    ReqAlloc,
+    ReqFree,
+    Share,
+    Split,
+    Touch,
+    Truncate,
+    Unlock,
+)
+from kvstate.invariants import Violation, check
+from kvstate.log.format import DEFAULT_CHECKPOINT_EVERY, Checkpoint, EndRecord
+from kvstate.log.reader import LogReader
+from kvstate.log.writer import LogWriter, make_header
+from kvstate.reducer import apply
+from kvstate.state import ROOT, Geometry, State, initial_state
+
+Checker = Callable[[State], list[Violation]]
+_NUMBER = re.compile(r"-?\d+")
+
+
+@attrs.frozen
+class Signature:
+    kind: str
+    check: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} [{self.check}]"
+
+
+@attrs.frozen
+class MinimizeResult:
+    events: tuple[Event, ...]  # ends with the failing event
+    signature: Signature
+    original_events: int
+    tests_run: int
+    bad_fingerprint: bytes | None = None  # for fingerprint failures: the recorded checkpoint
+
+
+class NoFailure(ValueError):
+    """The log replays cleanly: there is nothing to minimize."""
+
+
+def refused_signature(evt: Event, precondition: str) -> Signature:
+    return Signature("invalid_event", f"{type(evt).__name__}: {_NUMBER.sub('#', precondition)}")
+
+
+# -- candidate replay with node-id repair ---------------------------------------------
+@attrs.define
+class _Outcome:
+    signature: Signature | None
+    events: list[Event]  # repaired events, through the failing one
+    states: list[State]  # states before each repaired event (and one after the last applied)
+
+
+def _remap(evt: Event, state: State, ids: dict[int, int | None]) -> Event | None:
+    """Rewrite node ids in ``evt`` for the candidate's state; None drops the event."""
+    def live(node: int) -> int | None:
+        new = ids.get(node, node)
+        return new if new is not None and (new == ROOT or new in state.nodes) else None
+
+    if isinstance(evt, Insert):
+        parent = live(evt.parent)
+        if parent is None:
+            return None
+        ids[evt.node] = state.next_node_id
+        return attrs.evolve(evt, parent=parent, node=state.next_node_id)
+    if isinstance(evt, Split):
+        node = live(evt.node)
+        if node is None:
+            return None
+        ids[evt.new_node] = state.next_node_id
+        return attrs.evolve(evt, node=node, new_node=state.next_node_id)
+    if isinstance(evt, (Touch, Evict)):
+        nodes = [n for n in (live(n) for n in evt.nodes) if n is not None]
+        if not nodes:
+            return None
+        return attrs.evolve(evt, nodes=tuple(nodes))
+    if isinstance(evt, (Lock, Unlock)):
+        node = live(evt.node)
+        return None if node is None else type(evt)(node)
+    return evt
+
+
+def _replay_candidate(start: State, events: Sequence[Event], dead: set[int],
+                      target: Signature | None, checker: Checker) -> _Outcome:
+    """Replay ``events`` from ``start`` until the first failure (repairing node ids)."""
+    ids: dict[int, int | None] = dict.fromkeys(dead)
+    state = start
+    out: list[Event] = []
+    states: list[State] = []
+    for original in events:
+        evt = _remap(original, state, ids)
+        if evt is None:
+            continue
+        states.append(state)
+        out.append(evt)
+        try:
+            state = apply(state, evt)
+        except InvalidEvent as exc:
+            return _Outcome(refused_signature(evt, exc.precondition), out, states)
+        violations = checker(state)
+        if violations:
+            states.append(state)
+            return _Outcome(Signature("invariant", violations[0].check), out, states)
+    states.append(state)
+    return _Outcome(None, out, states)
+
+
+def _created_nodes(events: Sequence[Event]) -> set[int]:
+    created = set()
+    for evt in events:
+        if isinstance(evt, Insert):
+            created.add(evt.node)
+        elif isinstance(evt, Split):
+            created.add(evt.new_node)
+    return created
+
+
+# -- request lifecycles ---------------------------------------------------------------
+def _lifecycles(events: Sequence[Event]) -> list[tuple[Any, int, int]]:
+    """``(request, first index, last index)`` from each ReqAlloc to its ReqFree (or the end)."""
+    open_at: dict[Any, int] = {}
+    spans = []
+    for index, evt in enumerate(events):
+        if isinstance(evt, ReqAlloc):
+            for request in evt.requests:
+                open_at[request] = index
+        elif isinstance(evt, ReqFree):
+            for request in evt.requests:
+                if request in open_at:
+                    spans.append((request, open_at.pop(request), index))
+    spans.extend((request, start, len(events) - 1) for request, start in open_at.items())
+    return sorted(spans, key=lambda span: span[1])
+
+
+def _without_request(evt: Event, request: Any) -> Event | None:
+    """``evt`` with ``request`` projected out; None when nothing is left."""
+    if isinstance(evt, (ReqAlloc, ReqFree)):
+        rest = tuple(r for r in evt.requests if r != request)
+        return type(evt)(rest) if rest else None
+    if isinstance(evt, (Assign, Share, Truncate)):
+        return None if evt.request == request else evt
+    if isinstance(evt, Append):
+        items = tuple(item for item in evt.items if item[0] != request)
+        return Append(items) if items else None
+    return evt
+
+
+def _project(events: Sequence[Event], request: Any, start: int, stop: int,
+             page_size: int) -> list[Event]:
+    out = list(events[:start])
+    for evt in events[start:stop + 1]:
+        if isinstance(evt, Allocate) and evt.items and any(i[0] == request for i in evt.items):
+            kept = tuple(i for i in evt.items if i[0] != request)
+            if not kept:
+                continue
+            mine = {slot // page_size for i in evt.items if i[0] == request for slot in i[1]}
+            theirs = {slot // page_size for i in kept for slot in i[1]}
+            out.append(Allocate(tuple(p for p in evt.pages if p not in mine or p in theirs), kept))
+            continue
+        projected = _without_request(evt, request)
+        if projected is not None:
+            out.append(projected)
+    out.extend(events[stop + 1:])
+    return out
+
+
+# -- the search ------------------------------------------------------------------------
+class _Search:
+    def __init__(self, geometry: Geometry, events: Sequence[Event], checker: Checker,
+                 max_tests: int) -> None:
+        self.geometry = geometry
+        self.checker = checker
+        self.max_tests = max_tests
+        self.tests = 0
+        outcome = _replay_candidate(initial_state(geometry), events, set(), None, checker)
+        if outcome.signature is None:
+            raise NoFailure("the events replay without a failure; nothing to minimize")
+        self.target: Signature = outcome.signature
+        self.events: list[Event] = outcome.events
+        self.states: list[State] = outcome.states  # states[i] = state before events[i]
+
+    def attempt(self, first: int, candidate_suffix: Sequence[Event], dead: set[int]) -> bool:
+        """Try ``events[:first] + candidate_suffix``; adopt it if it fails the same way."""
+        if self.tests >= self.max_tests:
+            return False
+        self.tests += 1
+        outcome = _replay_candidate(self.states[first], candidate_suffix, dead, self.target,
+                                    self.checker)
+        if outcome.signature != self.target:
+            return False
+        new_events = self.events[:first] + outcome.events
+        if len(new_events) >= len(self.events):
+            return False
+        self.events = new_events
+        self.states = self.states[:first] + outcome.states
+        return True
+
+    def drop_range(self, start: int, stop: int) -> bool:
+        removed = self.events[start:stop]
+        return self.attempt(start, self.events[stop:], _created_nodes(removed))
+
+    def lifecycles(self) -> bool:
+        """Try dropping each request's whole lifecycle, latest first."""
+        shrunk = False
+        spans = _lifecycles(self.events)
+        position = len(spans) - 1
+        while position >= 0 and self.tests < self.max_tests:
+            request, start, stop = spans[position]
+            events = self.events
+            projected = _project(events, request, start, stop, self.geometry.page_size)
+            dead = _created_nodes(events[start:stop + 1]) - _created_nodes(projected[start:])
+            if self.attempt(start, projected[start:], dead):
+                shrunk = True
+                spans = _lifecycles(self.events)
+                position = min(position, len(spans)) - 1
+            else:
+                position -= 1
+        return shrunk
+
+    def ddmin(self) -> bool:
+        """Drop chunks from the end backwards, halving the chunk size down to single events."""
+        shrunk = False
+        size = max(1, (len(self.events) - 1) // 2)
+        while self.tests < self.max_tests:
+            removed_any = False
+            stop = len(self.events) - 1  # the failing event itself is never dropped
+            while stop > 0 and self.tests < self.max_tests:
+                start = max(0, stop - size)
+                if self.drop_range(start, stop):
+                    removed_any = shrunk = True
+                stop = start
+            if removed_any:
+                size = max(1, min(size, (len(self.events) - 1) // 2))
+            elif size == 1:
+                break
+            else:
+                size //= 2
+        return shrunk
+
+
+def minimize_events(geometry: Geometry, events: Sequence[Event], *, checker: Checker | None = None,
+                    max_tests: int = 20000) -> MinimizeResult:
+    """Shrink ``events`` (which must fail) keeping the failure's kind and check."""
+    search = _Search(geometry, events, checker or _full_check, max_tests)
+    if search.target.kind == "invariant" and checker is None:
+        name = search.target.check
+        search.checker = lambda state: check(state, (name,))
+    original = len(events)
+    while True:
+        before = len(search.events)
+        search.lifecycles()
+        search.ddmin()
+        if len(search.events) >= before or search.tests >= max_tests:
+            break
+    return MinimizeResult(tuple(search.events), search.target, original, search.tests)
+
+
+def _full_check(state: State) -> list[Violation]:
+    return check(state)
+
+
+def read_failing_log(path: str | os.PathLike[str]) -> tuple[Geometry, list[Event], Checkpoint | None]:
+    """Events of a log up to its first bad checkpoint (returned) or its end (format errors raise)."""
+    with LogReader(path) as reader:
+        geometry = reader.header.geometry
+        state = initial_state(geometry)
+        events: list[Event] = []
+        for _, item in reader.records():
+            if isinstance(item, Event):
+                events.append(item)
+                try:
+                    state = apply(state, item)
+                except InvalidEvent:
+                    return geometry, events, None
+            elif isinstance(item, (Checkpoint, EndRecord)) and item.fingerprint != state.fingerprint():
+                return geometry, events, Checkpoint(len(events), item.fingerprint)
+    return geometry, events, None
+
+
+def minimize_file(source: str | os.PathLike[str], target: str | os.PathLike[str], *,
+                  checker: Checker | None = None, max_tests: int = 20000,
+                  checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY) -> MinimizeResult:
+    """Minimize the log at ``source`` and write the result to ``target``.
+
+    A fingerprint mismatch cannot be shrunk (the recorded fingerprint belongs
+    to the original events): the prefix up to the mismatching checkpoint is
+    written, followed by that checkpoint.
+    """
+    geometry, events, bad = read_failing_log(source)
+    meta: dict[str, Any] = {"minimized_from": os.path.basename(os.fspath(source))}
+    if bad is not None:
+        result = MinimizeResult(tuple(events), Signature("fingerprint", "checkpoint"), len(events), 0,
+                                bad.fingerprint)
+    else:
+        result = minimize_events(geometry, events, checker=checker, max_tests=max_tests)
+    meta["failure"] = {"kind": result.signature.kind, "check": result.signature.check}
+    write_events_log(target, geometry, result.events, checkpoint_every=checkpoint_every, meta=meta,
+                     bad_fingerprint=result.bad_fingerprint)
+    return result
+
+
+def write_events_log(path: str | os.PathLike[str], geometry: Geometry, events: Sequence[Event], *,
+                     checkpoint_every: int, meta: dict[str, Any],
+                     bad_fingerprint: bytes | None = None) -> None:
+    """Write ``events`` with real checkpoints; a refused last event is written but not applied."""
+    writer = LogWriter(path, make_header(geometry, checkpoint_every=checkpoint_every, meta=meta),
+                       fsync=False)
+    state = initial_state(geometry)
+    try:
+        for evt in events:
+            writer.write_event(evt)
+            try:
+                state = apply(state, evt)
+            except InvalidEvent:
+                break
+            if checkpoint_every and writer.count % checkpoint_every == 0 and (
+                    bad_fingerprint is None or writer.count != len(events)):
+                writer.write_checkpoint(state.fingerprint())
+        if bad_fingerprint is not None:
+            writer.write_checkpoint(bad_fingerprint)
+    except BaseException:
+        writer.abandon()
+        raise
+    writer.close(state.fingerprint())

@@ -1,0 +1,250 @@
+"""Reducer rules of the block-pool mode (vLLM V1): alloc, hold, release, cache, uncache, clear.
+
+Owned by the vLLM front end (issue 7).  Every rule rejects a state whose
+geometry is not ``mode="block"``.  Page life cycle in block mode::
+
+    free (queued, no holder) --BlockAlloc--> held --BlockRelease--> free
+      ^   (must be uncached)                 |  ^                    (head if uncached,
+      |                                      |  |                     tail if cached)
+      +------------ BlockHold (revive) ------+--+
+    cached: orthogonal; BlockCache adds a held page as a copy of a tree node,
+            BlockUncache / BlockClear remove it without moving the page
+
+The tree has one node per block (key = one page of tokens, plus the node's
+``extra`` keys in the child index); a node holds zero or more copies (a
+hollow node keeps a chain position whose copies were evicted while a
+descendant is still cached).  Pure functions; nothing here mutates its inputs.
+"""
+
+from __future__ import annotations
+
+from immutables import Map
+
+from kvstate.events_block import (
+    BlockAlloc,
+    BlockCache,
+    BlockClear,
+    BlockHold,
+    BlockRelease,
+    BlockUncache,
+)
+from kvstate.reducer import Reject, handles
+from kvstate.reducer.common import check_distinct, check_page_id, check_request
+from kvstate.state import DETACHED, ROOT, Node, Request, RequestId, State, block_child_key
+
+
+def _require_block(state: State, name: str) -> None:
+    if state.geometry.mode != "block":
+        raise Reject(f"{name} needs a block-mode geometry (mode={state.geometry.mode!r})")
+
+
+def _check_holder(state: State, holder: RequestId) -> bool:
+    """True for a request holder (which must be open), False for DETACHED."""
+    if holder == DETACHED and not isinstance(holder, str):
+        return False
+    check_request(state, holder)
+    return True
+
+
+def _extend_table(state: State, request_id: RequestId, pages: tuple[int, ...]) -> Map:
+    record = state.requests[request_id]
+    size = state.geometry.page_size
+    table = record.pages.extend(pages)
+    if len(table) * size > state.geometry.row_width:
+        raise Reject(f"request {request_id!r} would map {len(table) * size} tokens, "
+                     f"past the row width {state.geometry.row_width}")
+    return state.requests.set(request_id, Request(table, len(table) * size, record.committed))
+
+
+@handles(BlockAlloc)
+def block_alloc(state: State, event: BlockAlloc) -> State:
+    _require_block(state, "BlockAlloc")
+    pages = event.pages
+    is_request = _check_holder(state, event.holder)
+    if not pages:
+        return state
+    queue = state.free_pages
+    head = queue.head(len(pages))
+    if list(pages) != head:
+        check_distinct(pages, "page")
+        for page in pages:
+            check_page_id(state, page)
+            if page not in queue:
+                raise Reject(f"page {page} is not free (allocating a held page)")
+        raise Reject(f"pages {list(pages)} are not the head of the free queue {head}")
+    page_node = state.page_node
+    with state.holders.mutate() as out:
+        for page in pages:
+            if page in page_node:
+                raise Reject(f"page {page} is still cached (tree node {page_node[page]}); "
+                             "uncache it before reuse")
+            out[page] = (event.holder,)
+        holders = out.finish()
+    requests = _extend_table(state, event.holder, pages) if is_request else state.requests
+    return state.with_changes(free_pages=queue.take(pages), holders=holders, requests=requests)
+
+
+@handles(BlockHold)
+def block_hold(state: State, event: BlockHold) -> State:
+    _require_block(state, "BlockHold")
+    holder, pages = event.holder, event.pages
+    is_request = _check_holder(state, holder)
+    real = [page for page in pages if page != 0]
+    if not is_request and len(real) != len(pages):
+        raise Reject("the null page 0 can only pad a request table")
+    if is_request:
+        check_distinct(real, "page")
+        table = set(state.requests[holder].pages)
+    revived: list[int] = []
+    with state.holders.mutate() as out:
+        for page in real:
+            check_page_id(state, page)
+            held = out.get(page, ())
+            if is_request and (holder in held or page in table):
+                raise Reject(f"request {holder!r} already holds page {page}")
+            if not held:
+                revived.append(page)
+            out[page] = (*held, holder)
+        holders = out.finish()
+    queue = state.free_pages.take(revived) if revived else state.free_pages
+    requests = _extend_table(state, holder, pages) if is_request else state.requests
+    return state.with_changes(free_pages=queue, holders=holders, requests=requests)
+
+
+@handles(BlockRelease)
+def block_release(state: State, event: BlockRelease) -> State:
+    _require_block(state, "BlockRelease")
+    holder = event.holder
+    is_request = _check_holder(state, holder)
+    real = [page for page in event.pages if page != 0]
+    check_distinct(real, "page")  # a duplicate inside one release is a double free
+    page_node = state.page_node
+    to_head: list[int] = []
+    to_tail: list[int] = []
+    with state.holders.mutate() as out:
+        for page in real:
+            held = out.get(page)
+            if held is None or holder not in held:
+                check_page_id(state, page)
+                state_word = "free (double free)" if held is None else f"held by {list(held)}"
+                raise Reject(f"page {page} is not held by {holder!r}: it is {state_word}")
+            index = held.index(holder)
+            rest = held[:index] + held[index + 1:]
+            if rest:
+                out[page] = rest
+                continue
+            del out[page]
+            if event.cached_to_tail and page in page_node:
+                to_tail.append(page)
+            else:
+                to_head.append(page)
+        holders = out.finish()
+    requests = state.requests
+    if is_request:
+        record = requests[holder]
+        if event.close:
+            mapped = [page for page in record.pages if page != 0]
+            if len(mapped) != len(real) or set(mapped) != set(real):
+                raise Reject(f"closing request {holder!r} must release all its pages {mapped}")
+            requests = requests.delete(holder)
+        else:
+            position = {page: index for index, page in enumerate(record.pages) if page != 0}
+            table = record.pages
+            for page in real:
+                table = table.set(position[page], 0)
+            requests = requests.set(holder, Request(table, record.allocated, record.committed))
+    elif event.close:
+        raise Reject("close needs a request holder")
+    queue = state.free_pages
+    if to_head:
+        queue = queue.push_head(to_head)
+    if to_tail:
+        queue = queue.push_tail(to_tail)
+    return state.with_changes(free_pages=queue, holders=holders, requests=requests)
+
+
+@handles(BlockCache)
+def block_cache(state: State, event: BlockCache) -> State:
+    _require_block(state, "BlockCache")
+    if event.parent not in state.nodes:
+        raise Reject(f"unknown tree node {event.parent}")
+    entries = event.entries
+    if not 0 <= event.stored_from <= len(entries):
+        raise Reject(f"stored_from {event.stored_from} outside 0..{len(entries)}")
+    size = state.geometry.page_size
+    holders = state.holders
+    next_id = state.next_node_id
+    current = event.parent
+    with state.nodes.mutate() as nodes, state.page_node.mutate() as page_node:
+        for index, (node_id, key, extra, page) in enumerate(entries):
+            if len(key) != size:
+                raise Reject(f"entry {index}: key of {len(key)} tokens, block size is {size}")
+            child_key = block_child_key(key, extra)
+            node = nodes[current]
+            child = node.children.get(child_key)
+            if child is None:
+                if node_id != next_id:
+                    raise Reject(f"entry {index}: new node id must be {next_id}, got {node_id}")
+                nodes[current] = node._replace(children=node.children.set(child_key, node_id))
+                nodes[node_id] = Node(current, key, (), Map(), 0, 0, extra)
+                next_id += 1
+            elif child != node_id:
+                raise Reject(f"entry {index}: node {node_id} is not the child of {current} "
+                             f"for this block (node {child} is)")
+            if page:
+                if index < event.stored_from:
+                    raise Reject(f"entry {index} is before stored_from and caches page {page}")
+                check_page_id(state, page)
+                if page in page_node:
+                    raise Reject(f"page {page} is already cached (tree node {page_node[page]})")
+                if page not in holders:
+                    raise Reject(f"page {page} is free; cache only held pages")
+                target = nodes[node_id]
+                nodes[node_id] = target._replace(pages=(*target.pages, page))
+                page_node[page] = node_id
+            current = node_id
+        new_nodes, new_page_node = nodes.finish(), page_node.finish()
+    created = next_id - state.next_node_id
+    return state.with_changes(nodes=new_nodes, page_node=new_page_node, next_node_id=next_id,
+                              evictable_size=state.evictable_size + created * size)
+
+
+@handles(BlockUncache)
+def block_uncache(state: State, event: BlockUncache) -> State:
+    _require_block(state, "BlockUncache")
+    if len(event.pages) != len(event.nodes):
+        raise Reject("uncache needs one node per page")
+    check_distinct(event.pages, "page")
+    for page, node_id in zip(event.pages, event.nodes, strict=True):
+        if state.page_node.get(page) != node_id:
+            check_page_id(state, page)
+            raise Reject(f"page {page} is not a cached copy of node {node_id}")
+    removed = 0
+    with state.nodes.mutate() as nodes, state.page_node.mutate() as page_node:
+        for page, node_id in zip(event.pages, event.nodes, strict=True):
+            node = nodes[node_id]
+            nodes[node_id] = node._replace(pages=tuple(p for p in node.pages if p != page))
+            del page_node[page]
+        for node_id in dict.fromkeys(event.nodes):
+            current = node_id
+            while current != ROOT:
+                node = nodes.get(current)
+                if node is None or node.pages or len(node.children):
+                    break
+                parent = nodes[node.parent]
+                nodes[node.parent] = parent._replace(
+                    children=parent.children.delete(block_child_key(node.key, node.extra)))
+                del nodes[current]
+                removed += 1
+                current = node.parent
+        new_nodes, new_page_node = nodes.finish(), page_node.finish()
+    return state.with_changes(nodes=new_nodes, page_node=new_page_node,
+                              evictable_size=state.evictable_size - removed * state.page_size)
+
+
+@handles(BlockClear)
+def block_clear(state: State, event: BlockClear) -> State:
+    _require_block(state, "BlockClear")
+    root = state.nodes[ROOT]
+    return state.with_changes(nodes=Map({ROOT: root._replace(children=Map())}),
+                              page_node=Map(), evictable_size=0)

@@ -1,0 +1,24 @@
+"""Trace-driven cache simulation through the real planner and reducer.
+
+``simulate(requests, settings, request_count)`` runs one capacity point and
+returns a ``SimulationResult`` (hit rates, evictions, peak pages, rejected
+and retracted requests, and the measurement definition); ``write_results``
+writes the CSV, JSON and PNG files of a sweep.  ``kvstate simulate`` is the
+command-line front (``kvstate.commands.simulate``).
+"""
+
+from kvstate.simulate.driver import SimulationError, TraceSimulator, block_units, simulate
+from kvstate.simulate.policies import BUILTIN_POLICIES, PolicyError, load_policy
+from kvstate.simulate.settings import SimulationResult, SimulationSettings
+
+__all__ = [
+    "BUILTIN_POLICIES",
+    "PolicyError",
+    "SimulationError",
+    "SimulationResult",
+    "SimulationSettings",
+    "TraceSimulator",
+    "block_units",
+    "load_policy",
+    "simulate",
+]

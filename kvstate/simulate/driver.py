@@ -1,0 +1,288 @@
+"""Drive a trace through the real planner and reducer, one request at a time.
+
+For each request, in stream order (file order breaks arrival-time ties):
+
+1. admit: ``plan_match`` the prompt, open a row, lock the matched node, map
+   the matched slots (``Assign``), then ``plan_extend`` to the prompt length.
+   ``plan_extend`` evicts exactly the page deficit with the chosen policy;
+   if even that cannot make room the request is *rejected* (counted, its
+   row closed, nothing cached).
+2. decode: ``plan_extend`` by the output length (one batched allocation;
+   with one request in flight this uses the same pages as step-by-step
+   decode).  If the pool runs out the request is *retracted*: it finishes
+   with what it has.
+3. finish: ``plan_release`` with checkpointing caches the prompt (and the
+   output with ``cache_output``), frees the rest and unlocks.
+
+Hits are looked up at admission and count the longest contiguous cached
+prefix only.  In ``block`` granularity one page holds one trace hash block
+and each block is weighted by its own token count (so a partial last block
+counts its tokens); in ``token`` granularity the synthetic token ids are used
+with pages of ``page_size`` tokens.
+
+The ``Engine`` built here is the only mutable state besides the counters; an
+optional ``Recorder`` writes every event to a kvstate log.  Requests run one
+at a time: concurrency (arrival overlap with a ``max_running`` bound) is not
+modelled yet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvstate.engine import Engine
+from kvstate.events import Assign, Evict, Lock, ReqAlloc, Split
+from kvstate.planner.alloc import plan_extend
+from kvstate.planner.builder import Plan
+from kvstate.planner.requests import RequestCursor, plan_release
+from kvstate.planner.tree_ops import plan_match
+from kvstate.simulate.policies import EvictionPolicy, load_policy
+from kvstate.simulate.settings import SimulationResult, SimulationSettings
+from kvstate.state import ROOT, Geometry, State
+from kvstate.traces.records import TraceRequest
+from kvstate.traces.tokens import full_block_tokens, partial_block_tokens, private_tokens
+
+ProgressCallback = Callable[[int], None]
+
+
+class SimulationError(ValueError):
+    """The trace and the settings do not fit together (for example block mode without hashes)."""
+
+
+def block_units(request: TraceRequest) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """One id per hash block (plus one for an unhashed tail) and the tokens each covers."""
+    size = request.block_size
+    ids: list[int] = []
+    for key, count in zip(request.block_keys, request.block_token_counts, strict=True):
+        block = full_block_tokens(key, size) if count == size else partial_block_tokens(key, size, count)
+        ids.append(block.start)
+    weights = list(request.block_token_counts)
+    if request.private_tail:
+        ids.append(private_tokens(request.sequence, 1).start)
+        weights.append(request.private_tail)
+    return tuple(ids), tuple(weights)
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.requests = self.measured = 0
+        self.hit_tokens = self.total_tokens = self.hit_blocks = self.total_blocks = 0
+        self.evicted = self.peak = self.rejected = self.retracted = 0
+        self.filled = False
+
+
+class TraceSimulator:
+    """One capacity point.  ``run`` consumes requests and returns a ``SimulationResult``.
+
+    Owns its ``Engine`` and policy object; each instance runs once.
+    """
+
+    def __init__(self, settings: SimulationSettings, unit_tokens: int, trace_name: str) -> None:
+        self.settings = settings
+        self.unit_tokens = unit_tokens
+        self.trace_name = trace_name
+        page_size = 1 if settings.granularity == "block" else settings.page_size
+        self.capacity_pages = settings.capacity_tokens // unit_tokens
+        if self.capacity_pages < 1:
+            raise SimulationError(
+                f"capacity {settings.capacity_tokens} tokens is less than one page of {unit_tokens}"
+            )
+        self.engine = Engine(Geometry(num_pages=self.capacity_pages, page_size=page_size), keep_events=False)
+        self.policy: EvictionPolicy = load_policy(settings.policy)
+        self.page_size = page_size
+        self.counters = _Counters()
+
+    # -- engine helpers ------------------------------------------------------------------------
+    def _commit(self, plan: Plan[Any]) -> Any:
+        self.policy.observe(plan.events)
+        for event in plan.events:
+            if isinstance(event, Evict):
+                nodes = plan.base.nodes
+                self.counters.evicted += sum(len(nodes[n].pages) for n in event.nodes if n in nodes)
+        return self.engine.commit(plan)
+
+    def _apply(self, event: Any) -> None:
+        self.engine.apply(event)
+        self.policy.observe((event,))
+
+    def _extend(self, request_id: str, length: int) -> bool:
+        plan = plan_extend(
+            self.engine.state, [(request_id, length)], at_head=False, priority=self.policy.priority
+        )
+        if plan is None:
+            return False
+        self._commit(plan)
+        state = self.engine.state
+        self.counters.peak = max(self.counters.peak, self.capacity_pages - len(state.free_pages))
+        return True
+
+    def _split_to_pages(self, key: Sequence[int]) -> None:
+        """Split every node on ``key``'s cached path into one-page nodes (per-block trie)."""
+        size = self.page_size
+        position, node_id = 0, ROOT
+        while position < len(key):
+            state: State = self.engine.state
+            child = state.nodes[node_id].children.get(state.geometry.child_key(tuple(key[position:])))
+            if child is None:
+                return
+            while len(state.nodes[child].key) > size:
+                top = state.next_node_id
+                self._apply(Split(child, size, top, state.clock))
+                state = self.engine.state
+                position += size
+                node_id = top
+            position += len(state.nodes[child].key)
+            node_id = child
+
+    # -- one request ---------------------------------------------------------------------------
+    def _encode(self, request: TraceRequest) -> tuple[tuple[int, ...], tuple[int, ...] | None, int]:
+        if self.settings.granularity == "block":
+            key, weights = block_units(request)
+            total_units = -(-(request.prompt_length + request.output_length) // self.unit_tokens)
+            output_units = max(0, total_units - len(key)) if self.settings.decode else 0
+            return key, weights, output_units
+        return request.token_ids(), None, request.output_length if self.settings.decode else 0
+
+    def step(self, index: int, request: TraceRequest, measured: bool) -> None:
+        """Admit, decode and finish ``request`` (the ``index``-th of the stream)."""
+        counters = self.counters
+        counters.requests += 1
+        key, weights, output_units = self._encode(request)
+        match = self._commit(plan_match(self.engine.state, key))
+        if measured:
+            counters.measured += 1
+            if weights is None:
+                counters.hit_tokens += match.length
+                counters.total_tokens += len(key)
+                counters.hit_blocks += match.length // self.page_size
+                counters.total_blocks += -(-len(key) // self.page_size)
+            else:
+                counters.hit_tokens += sum(weights[: match.length])
+                counters.total_tokens += sum(weights)
+                counters.hit_blocks += match.length
+                counters.total_blocks += len(key)
+        request_id = f"q{index}"
+        self._apply(ReqAlloc((request_id,)))
+        if match.last_node != ROOT:
+            self._apply(Lock(match.last_node))
+        if match.length:
+            self._apply(Assign(request_id, 0, match.slots))
+        cursor = RequestCursor(request_id, match.length, match.last_node)
+        if not self._extend(request_id, len(key)):
+            counters.rejected += 1
+            self._release(cursor, key, len(key), match.length, checkpoint=False)
+            return
+        owned = len(key)
+        full_key = key
+        if output_units:
+            # Output ids are private to the request; they start after its private prompt tail.
+            tail = private_tokens(request.sequence, output_units, request.private_tail)
+            full_key = (*key, *tail)
+            if self._extend(request_id, len(full_key)):
+                owned = len(full_key) if self.settings.cache_output else len(key)
+            else:
+                counters.retracted += 1
+        if not counters.filled and not measured and len(self.engine.state.free_pages) == 0:
+            counters.filled = True
+        self._release(cursor, full_key, len(key), owned, checkpoint=True)
+        if self.settings.eviction_unit == "page":
+            self._split_to_pages(full_key[:owned])
+
+    def _release(
+        self, cursor: RequestCursor, key: Sequence[int], prompt_len: int, owned: int, checkpoint: bool
+    ) -> None:
+        self._commit(
+            plan_release(
+                self.engine.state,
+                cursor,
+                key,
+                prompt_len=prompt_len,
+                owned=owned,
+                checkpoint=checkpoint,
+                at_head=False,
+            )
+        )
+
+    def run(
+        self,
+        requests: Iterable[TraceRequest],
+        request_count: int,
+        progress: ProgressCallback | None = None,
+    ) -> SimulationResult:
+        first_measured = math.floor(request_count * self.settings.warmup)
+        for index, request in enumerate(requests):
+            self.step(index, request, measured=index >= first_measured)
+            if progress is not None and index % 256 == 255:
+                progress(index + 1)
+        if progress is not None:
+            progress(self.counters.requests)
+        return self.result()
+
+    def result(self) -> SimulationResult:
+        c = self.counters
+        return SimulationResult(
+            settings=self.settings,
+            trace=self.trace_name,
+            unit_tokens=self.unit_tokens,
+            capacity_pages=self.capacity_pages,
+            requests=c.requests,
+            measured_requests=c.measured,
+            hit_tokens=c.hit_tokens,
+            total_tokens=c.total_tokens,
+            hit_blocks=c.hit_blocks,
+            total_blocks=c.total_blocks,
+            evicted_pages=c.evicted,
+            peak_pages=c.peak,
+            rejected_requests=c.rejected,
+            retracted_requests=c.retracted,
+            underfilled=self.settings.warmup > 0 and not c.filled,
+        )
+
+
+def unit_tokens_for(settings: SimulationSettings, first: TraceRequest | None) -> int:
+    """Tokens per page: the trace's block size in block granularity, else ``page_size``."""
+    if settings.granularity == "token":
+        return settings.page_size
+    if first is None:
+        return 1
+    if first.block_size < 1:
+        raise SimulationError(
+            f"{first.source} has no hash blocks; use --granularity token for this trace"
+        )
+    return first.block_size
+
+
+def simulate(
+    requests: Iterable[TraceRequest],
+    settings: SimulationSettings,
+    request_count: int,
+    *,
+    record: str | Path | None = None,
+    progress: ProgressCallback | None = None,
+) -> SimulationResult:
+    """Run one capacity point over ``requests`` (consumed once, streamed).
+
+    ``request_count`` is the stream's length (the warmup window needs it).
+    With ``record`` every event is written to a kvstate log at that path.
+    """
+    iterator = iter(requests)
+    first = next(iterator, None)
+    unit = unit_tokens_for(settings, first)
+    name = first.source if first is not None else ""
+    simulator = TraceSimulator(settings, unit, name)
+    stream: Iterable[TraceRequest] = [] if first is None else _chain_first(first, iterator)
+    if record is None:
+        return simulator.run(stream, request_count, progress)
+    from kvstate.log.writer import Recorder
+
+    meta = {"workload": "trace", "trace": name, "settings": repr(settings)}
+    with Recorder(simulator.engine, record, meta=meta):
+        return simulator.run(stream, request_count, progress)
+
+
+def _chain_first(first: TraceRequest, rest: Iterable[TraceRequest]) -> Iterable[TraceRequest]:
+    yield first
+    yield from rest

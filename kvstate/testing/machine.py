@@ -1,0 +1,204 @@
+"""``SpecMachine``: a hypothesis state machine that drives the reducer and the spec model
+side by side.
+
+Every step goes through :meth:`SpecMachine.step`, the single choke point: the
+event is applied to the reducer (through the overridable :meth:`apply_event`)
+and to ``specs.model``; both must accept or both reject, and after an
+accepted step ``abstract(state) == model``, every ALWAYS property holds and
+every TRANSITIONS property holds on the edge.  On a failure the events so
+far are written to ``replay/failures/<MachineName>.msgpack`` (each failing
+run overwrites it, so the file ends up holding hypothesis's shrunk example).
+
+Subclass it to check your own executor or reducer variant: override
+``apply_event`` (and call ``super().apply_event``), or add rules that call
+``self.step``.  The machine owns and mutates only its own attributes.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    rule,
+)
+
+from kvstate import events as ev
+from kvstate.checking.enabled import candidate_events
+from kvstate.checking.scopes import Scope
+from kvstate.errors import InvalidEvent
+from kvstate.reducer import apply
+from kvstate.state import ROOT, Geometry, State, initial_state
+from kvstate.testing.strategies import MachineScope, boundary_lengths, machine_scopes
+
+
+class SpecMachine(RuleBasedStateMachine):
+    requests = Bundle("requests")
+    log_dir = "replay/failures"
+    scopes = machine_scopes()
+    check_model = True  # False: check only the registered properties (canaries use this)
+
+    # -- the choke point ---------------------------------------------------------------
+    def apply_event(self, state: State, event: ev.Event) -> State:
+        """The implementation under test (the pure reducer by default)."""
+        return apply(state, event)
+
+    def step(self, event: ev.Event) -> bool:
+        """Apply ``event`` to both sides; True if accepted.  Fails loudly on disagreement."""
+        from specs.invariants import check_edge
+        from specs.model import ModelReject
+        from specs.model import step as model_step
+
+        note(f"event {ev.encode_event(event)}")
+        try:
+            after: State | None = self.apply_event(self.state, event)
+            error = ""
+        except InvalidEvent as exc:
+            after, error = None, exc.precondition
+        try:
+            model_after = model_step(self.model, event) if self.check_model else self.model
+            model_error = ""
+        except ModelReject as exc:
+            model_after, model_error = None, str(exc)
+        if (after is None) != (model_after is None):
+            self.fail([event], "refines", f"reducer {'rejected: ' + error if after is None else 'accepted'}"
+                                         f"; spec {'rejected: ' + model_error if model_after is None else 'accepted'}")
+        if after is None:
+            return False
+        found = check_edge(self.state, event, after)
+        if found:
+            self.fail([event], found[0][0], found[0][1])
+        self.log.append(event)
+        self.state, self.model = after, model_after
+        return True
+
+    def fail(self, extra: list[ev.Event], name: str, message: str) -> None:
+        from kvstate.checking.counterexample import write_event_log
+
+        path = pathlib.Path(self.log_dir) / f"{type(self).__name__}.msgpack"
+        write_event_log(path, self.state.geometry, self.log + extra, [name],
+                        origin="hypothesis", note=message)
+        raise AssertionError(f"[{name}] {message} (log: {path})")
+
+    # -- configuration -----------------------------------------------------------------
+    @initialize(scope=scopes)
+    def init_scope(self, scope: MachineScope) -> None:
+        from specs.abstraction import abstract
+
+        self.scope = scope
+        geometry = Geometry(scope.num_pages, scope.page_size, scope.num_rows,
+                            scope.num_pages * scope.page_size)
+        self.state = initial_state(geometry)
+        self.model = abstract(self.state)
+        self.log: list[ev.Event] = []
+        self.event_scope = Scope("machine", "event", scope.num_pages, scope.page_size,
+                                 scope.num_rows, scope.vocab, max_depth=0, max_key_pages=2)
+
+    # -- request handles ---------------------------------------------------------------
+    @rule(target=requests)
+    def open_request(self) -> Any:
+        rows = sorted(self.state.free_rows)
+        if not rows:
+            return multiple()
+        self.step(ev.ReqAlloc((rows[0],)))
+        return rows[0]
+
+    @rule(request=consumes(requests))
+    def close_request(self, request: int) -> None:
+        if request in self.state.requests:
+            self.step(ev.ReqFree((request,)))
+
+    @rule(request=requests, data=st.data())
+    def grow(self, request: int, data: st.DataObject) -> None:
+        """Append ``n`` tokens (n near a page boundary): fill the partial page, then fresh pages."""
+        record = self.state.requests.get(request)
+        if record is None:
+            return
+        size = self.state.geometry.page_size
+        count = data.draw(boundary_lengths(size, max_pages=2), label="tokens")
+        position, slots, pages = record.allocated, [], []
+        free = sorted(self.state.free_pages)
+        for pos in range(position, position + count):
+            if pos % size == 0:
+                if len(pages) == len(free):
+                    return
+                pages.append(free[len(pages)])
+                page = pages[-1]
+            else:
+                page = pages[-1] if pages else record.pages[-1]
+            slots.append(page * size + pos % size)
+        self.step(ev.Allocate(tuple(pages), ((request, tuple(slots)),)))
+
+    @rule(request=requests)
+    def commit(self, request: int) -> None:
+        record = self.state.requests.get(request)
+        if record is not None:
+            self.step(ev.Append(((request, record.allocated),)))
+
+    @rule(request=requests, data=st.data())
+    def truncate(self, request: int, data: st.DataObject) -> None:
+        record = self.state.requests.get(request)
+        if record is not None:
+            self.step(ev.Truncate(request, data.draw(st.integers(0, record.allocated))))
+
+    @rule(request=requests, data=st.data())
+    def publish(self, request: int, data: st.DataObject) -> None:
+        """Insert the request's first own whole pages under a drawn node, with a drawn key."""
+        record = self.state.requests.get(request)
+        if record is None:
+            return
+        size = self.state.geometry.page_size
+        own = [p for p in record.pages[: record.allocated // size]
+               if self.state.holders.get(p) == (request,)]
+        if not own:
+            return
+        count = data.draw(st.integers(1, len(own)), label="pages")
+        key = data.draw(st.tuples(*[st.integers(1, self.scope.vocab)] * (count * size)), label="key")
+        parent = data.draw(st.sampled_from(sorted(self.state.nodes.keys())), label="parent")
+        slots = tuple(p * size + k for p in own[:count] for k in range(size))
+        self.step(ev.Insert(parent, key, slots, self.state.next_node_id, self.state.clock + 1,
+                            request))
+
+    @rule(data=st.data())
+    def any_fact(self, data: st.DataObject) -> None:
+        """Any candidate fact event the explorer would try here (legal or not)."""
+        events = list(candidate_events(self.state, self.event_scope))
+        if events:
+            self.step(data.draw(st.sampled_from(events), label="event"))
+
+    @rule(data=st.data())
+    def lock_and_evict(self, data: st.DataObject) -> None:
+        """Lock one node, then try to evict every leaf (eviction under partial locks)."""
+        nodes = sorted(n for n in self.state.nodes.keys() if n != ROOT)
+        if not nodes:
+            return
+        self.step(ev.Lock(data.draw(st.sampled_from(nodes), label="lock")))
+        for node in nodes:
+            if node in self.state.nodes and self.state.is_leaf(node):
+                self.step(ev.Evict((node,), False))
+
+    # -- after every step ----------------------------------------------------------------
+    @invariant()
+    def agrees_with_spec(self) -> None:
+        from specs.abstraction import abstract, diff
+        from specs.invariants import check_state
+
+        if not hasattr(self, "state"):
+            return
+        got = abstract(self.state)
+        if self.check_model and got != self.model:
+            self.fail([], "refines", f"reducer and spec differ in {diff(got, self.model)}")
+        found = check_state(self.state)
+        if found:
+            self.fail([], found[0][0], found[0][1])
+
+
+__all__ = ["SpecMachine"]

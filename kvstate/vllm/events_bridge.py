@@ -1,0 +1,156 @@
+"""Core block events -> vLLM KV events, and the hash of every prefix-tree node.
+
+``NodeHashes`` is an engine listener (owned by a ``BlockPool``; it mutates
+only itself) that follows ``BlockCache`` / ``BlockUncache`` / ``BlockClear``
+and keeps each live node's chained block hash (vLLM's ``BlockHash``, derived
+from the node's path: tokens and tagged extra keys from the root down, seeded
+by ``NONE_HASH``) plus the reverse map hash -> node used by
+``BlockPool.get_cached_block``.  With events enabled it also queues the vLLM
+events the same calls produce in vLLM 0.33:
+
+* ``BlockCache``   -> one ``BlockStored`` (the blocks of that call; the
+  parent is the logical predecessor, None at the chain start);
+* ``BlockUncache`` -> one ``BlockRemoved`` per page, in order;
+* ``BlockClear``   -> ``AllBlocksCleared``.
+
+Works from a live front end (which may pass the hashes it already computed
+as ``hints``) and from a replayed log alike (it then hashes each node once).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvstate.events import Event
+from kvstate.events_block import BlockCache, BlockClear, BlockUncache
+from kvstate.state import ROOT, State
+from kvstate.vllm.hashing import HashAlgo, external_block_hash, hash_block_tokens, none_hash
+from kvstate.vllm.hashing import to_event_extra_keys as _untag
+from kvstate.vllm.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+
+class NodeHashes:
+    """Digest of every live tree node, kept in step with the engine (a listener)."""
+
+    def __init__(self, *, hash_seed: str | int | None = None, hash_algo: HashAlgo = "sha256_cbor",
+                 emit_events: bool = False, group_idx: int = 0) -> None:
+        self.hash_seed = hash_seed
+        self.hash_algo: HashAlgo = hash_algo
+        self.emit_events = emit_events
+        self.group_idx = group_idx
+        self.none_hash = none_hash(hash_seed, hash_algo)
+        self.digest: dict[int, bytes] = {}  # node id -> 32-byte block hash
+        self.parent: dict[int, int] = {}  # node id -> parent node id
+        self.node_of: dict[bytes, int] = {}  # block hash -> node id
+        self.hints: list[bytes] | None = None  # digests of the next BlockCache's entries
+        self.lora_id: int | None = None  # published lora_id of the next BlockCache
+        self.events: list[KVCacheEvent] = []
+
+    def __call__(self, event: Event, state: State) -> None:
+        kind = type(event)
+        if kind is BlockCache:
+            self._on_cache(event, state)  # type: ignore[arg-type]
+        elif kind is BlockUncache:
+            self._on_uncache(event, state)  # type: ignore[arg-type]
+        elif kind is BlockClear:
+            self.digest.clear()
+            self.parent.clear()
+            self.node_of.clear()
+            if self.emit_events:
+                self.events.append(AllBlocksCleared())
+
+    def take_events(self) -> list[KVCacheEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def digest_of(self, node_id: int, state: State) -> bytes | None:
+        """The hash of ``node_id`` (computed from the tree path if not known yet)."""
+        known = self.digest.get(node_id)
+        if known is not None or node_id == ROOT:
+            return known
+        node = state.nodes.get(node_id)
+        if node is None:
+            return None
+        parent = self.digest_of(node.parent, state) if node.parent != ROOT else self.none_hash
+        value = hash_block_tokens(parent, node.key, node.extra, hash_seed=self.hash_seed,
+                                  hash_algo=self.hash_algo)
+        self._remember(node_id, node.parent, value)
+        return value
+
+    def _remember(self, node_id: int, parent_id: int, value: bytes) -> None:
+        self.digest[node_id] = value
+        self.parent[node_id] = parent_id
+        self.node_of[value] = node_id
+
+    def _on_cache(self, event: BlockCache, state: State) -> None:
+        hints, self.hints = self.hints, None
+        lora_id, self.lora_id = self.lora_id, None
+        parent_id = event.parent
+        parent_digest = self.none_hash if parent_id == ROOT else self.digest_of(parent_id, state)
+        entry_digests: list[bytes] = []
+        digest = self.digest
+        for index, (node_id, key, extra, _page) in enumerate(event.entries):
+            value = digest.get(node_id)
+            if value is None:
+                if hints is not None:
+                    value = hints[index]
+                else:
+                    value = hash_block_tokens(parent_digest, key, extra, hash_seed=self.hash_seed,
+                                              hash_algo=self.hash_algo)
+                self._remember(node_id, parent_id, value)
+            entry_digests.append(value)
+            parent_id, parent_digest = node_id, value
+        self._forget_pruned(event.entries[-1][0] if event.entries else ROOT, state)
+        if self.emit_events:
+            self.events.append(self._stored(event, entry_digests, lora_id))
+
+    def _stored(self, event: BlockCache, digests: list[bytes], lora_id: int | None) -> BlockStored:
+        start = event.stored_from
+        entries = event.entries[start:]
+        if start > 0:
+            parent = external_block_hash(digests[start - 1])
+        elif event.parent != ROOT:
+            parent = external_block_hash(self.digest[event.parent])
+        else:
+            parent = None
+        hashes = [external_block_hash(digests[start + i]) for i, entry in enumerate(entries)
+                  if entry[3]]
+        extras: list[Any] = [entry[2] for entry in entries if entry[3]]
+        tokens = [token for entry in entries for token in entry[1]]
+        lora_name = _lora_name(entries[0][2]) if entries else None
+        return BlockStored(
+            block_hashes=hashes, parent_block_hash=parent, token_ids=tokens,
+            block_size=len(entries[0][1]) if entries else 0, lora_id=lora_id, medium=MEDIUM_GPU,
+            lora_name=lora_name, extra_keys=_untag(extras), group_idx=self.group_idx)
+
+    def _on_uncache(self, event: BlockUncache, state: State) -> None:
+        if self.emit_events:
+            for node_id in event.nodes:
+                value = self.digest.get(node_id)
+                if value is None:  # a node this listener never saw being created
+                    raise RuntimeError(f"no hash known for tree node {node_id}")
+                self.events.append(BlockRemoved(block_hashes=[external_block_hash(value)],
+                                                medium=MEDIUM_GPU, group_idx=self.group_idx))
+        for node_id in dict.fromkeys(event.nodes):
+            self._forget_pruned(node_id, state)
+
+    def _forget_pruned(self, node_id: int, state: State) -> None:
+        """Drop memo entries of ``node_id`` and ancestors the reducer pruned."""
+        nodes = state.nodes
+        while node_id != ROOT and node_id not in nodes:
+            value = self.digest.pop(node_id, None)
+            if value is not None and self.node_of.get(value) == node_id:
+                del self.node_of[value]
+            parent = self.parent.pop(node_id, None)
+            if parent is None:
+                return
+            node_id = parent
+
+
+def _lora_name(extra: Any) -> str | None:
+    if not extra:
+        return None
+    for key in extra:
+        if isinstance(key, tuple) and key and key[0] == "lora":
+            return str(key[1])
+    return None

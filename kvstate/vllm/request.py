@@ -1,0 +1,125 @@
+"""``Request``: the token history of one vLLM request and its block hashes.
+
+The front end's stand-in for ``vllm.v1.request.Request``, reduced to what the
+KV-cache manager reads.  It owns (and mutates, through
+:meth:`Request.append_output_token_ids` and the scheduler-set
+``num_computed_tokens``) its token list, and keeps ``block_hashes`` current:
+every full block is hashed eagerly, chained as vLLM 0.33 does, with the
+request's tagged extra keys.  Alongside the hashes it keeps each full block's
+tokens and extra keys (``block_keys``), which are what the prefix tree is
+keyed by: a 64-bit or even 256-bit hash is never the identity on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kvstate.state import block_child_key
+from kvstate.vllm.hashing import (
+    HashAlgo,
+    MultiModalSpan,
+    block_extra_keys,
+    hash_block_tokens,
+    none_hash,
+)
+
+
+class Request:
+    """A request's tokens, computed-token cursor and eagerly computed block hashes.
+
+    ``hash_seed`` plays ``PYTHONHASHSEED``'s role (None: vLLM 0.33's fixed
+    default).  ``lora_path`` and ``lora_id`` complete the LoRA identity
+    (vLLM hashes the name and the path, and publishes ``lora_id`` in events).
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        block_size: int,
+        hash_seed: str | int | None = None,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        *,
+        lora_path: str = "",
+        lora_id: int | None = None,
+        mm_spans: Sequence[MultiModalSpan] = (),
+        hash_algo: HashAlgo = "sha256_cbor",
+        skip_reading_prefix_cache: bool = False,
+    ) -> None:
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.request_id = request_id
+        self.block_size = block_size
+        self.hash_seed = hash_seed
+        self.hash_algo: HashAlgo = hash_algo
+        self.lora_name = lora_name
+        self.lora_path = lora_path
+        self.lora_id = lora_id
+        self.cache_salt = cache_salt
+        self.mm_spans = tuple(sorted(mm_spans, key=lambda span: span.offset))
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self.prompt_token_ids = [_token(t) for t in prompt_token_ids]
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
+        self.block_hashes: list[bytes] = []
+        self.block_extra_keys: list[tuple[Any, ...] | None] = []
+        self.block_keys: list[tuple[Any, ...]] = []  # prefix-tree child keys of full blocks
+        self._none_hash = none_hash(hash_seed, hash_algo)
+        self._update_block_hashes()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
+        """Append sampled tokens and hash any block they complete (mutates)."""
+        new = [_token(token_ids)] if isinstance(token_ids, int) else [_token(t) for t in token_ids]
+        self.output_token_ids.extend(new)
+        self.all_token_ids.extend(new)
+        self._update_block_hashes()
+
+    def block_tokens(self, index: int) -> tuple[int, ...]:
+        """Tokens of block ``index`` (full or partial)."""
+        start = index * self.block_size
+        return tuple(self.all_token_ids[start:start + self.block_size])
+
+    def _update_block_hashes(self) -> None:
+        size = self.block_size
+        tokens = self.all_token_ids
+        start = len(self.block_hashes) * size
+        parent = self.block_hashes[-1] if self.block_hashes else self._none_hash
+        has_extras = bool(self.lora_name or self.mm_spans or self.cache_salt)
+        while start + size <= len(tokens):
+            end = start + size
+            key = tuple(tokens[start:end])
+            extra = (block_extra_keys(start, end, lora_name=self.lora_name,
+                                      lora_path=self.lora_path, mm_spans=self.mm_spans,
+                                      cache_salt=self.cache_salt)
+                     if has_extras else None)
+            parent = hash_block_tokens(parent, key, extra, hash_seed=self.hash_seed,
+                                       hash_algo=self.hash_algo)
+            self.block_hashes.append(parent)
+            self.block_extra_keys.append(extra)
+            self.block_keys.append(block_child_key(key, extra))
+            start = end
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, hashed_blocks={len(self.block_hashes)})")
+
+
+def _token(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"token ids must be ints, got {value!r}")
+    return value
