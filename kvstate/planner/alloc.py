@@ -112,6 +112,7 @@ def plan_extend(
     With ``commit`` the new tokens are also marked written (SGLang's extend).
     """
     size = state.geometry.page_size
+    items = [(r if type(r) is str else int(r), int(n)) for r, n in items]  # exact types for trusted events
     entries = []
     pages_needed = 0
     for request_id, seq_len in items:
@@ -123,10 +124,10 @@ def plan_extend(
         return None
     fresh = builder.state.free_pages.head(pages_needed)
     slots = extend_slots(size, entries, fresh)
-    builder.emit(Allocate(tuple(fresh), tuple(
+    builder.emit(Allocate.trusted(tuple(fresh), tuple(
         (request_id, tuple(s)) for (request_id, _), s in zip(items, slots, strict=True))))
     if commit:
-        builder.emit(Append(tuple((request_id, seq_len) for request_id, seq_len in items)))
+        builder.emit(Append.trusted(tuple((request_id, seq_len) for request_id, seq_len in items)))
     return builder.done(slots)
 
 
@@ -140,6 +141,7 @@ def plan_decode(
     """One new token for each request: a batched Allocate plus Append (one decode step)."""
     size = state.geometry.page_size
     requests = state.requests
+    request_ids = [r if type(r) is str else int(r) for r in request_ids]
     lengths = [requests[r].allocated for r in request_ids]
     pages_needed = sum(1 for length in lengths if length % size == 0)
     builder = PlanBuilder(state)

@@ -17,7 +17,7 @@ import attrs
 
 from kvstate.events import Insert, Split, Touch
 from kvstate.planner.builder import Plan, PlanBuilder
-from kvstate.state import ROOT, RequestId, State
+from kvstate.state import ROOT, RequestId, State, expand_pages
 
 
 @attrs.frozen
@@ -80,9 +80,7 @@ def _walk(state: State, key: tuple[int, ...]) -> _Walk:
 
 
 def _slots(pages: Sequence[int], size: int) -> tuple[int, ...]:
-    if size == 1:
-        return tuple(pages)
-    return tuple(page * size + offset for page in pages for offset in range(size))
+    return expand_pages(pages, size)
 
 
 def plan_match(state: State, key: Sequence[int], *, limit: int | None = None) -> Plan[MatchResult]:
