@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-from kvstate.state import DETACHED, ROOT, State, block_child_key
+from kvstate.state import DETACHED, ROOT, RequestId, State, block_child_key
 
 
 @attrs.frozen
@@ -225,14 +225,14 @@ def _block_conservation(state: State) -> Iterator[str]:
         yield f"pages outside 1..N (page 0 is the null block): {sorted(stray)[:8]}"
 
 
-def _block_holders(state: State, page: int, held: tuple[object, ...]) -> Iterator[str]:
+def _block_holders(state: State, page: int, held: tuple[RequestId, ...]) -> Iterator[str]:
     if not held:
         yield f"page {page} has an empty holder entry"
     requests = [h for h in held if h != DETACHED or isinstance(h, str)]
     if len(requests) != len(set(requests)):
         yield f"page {page} lists a request holder twice: {list(held)}"
     for holder in requests:
-        record = state.requests.get(holder)  # type: ignore[arg-type]
+        record = state.requests.get(holder)
         if record is None:
             yield f"page {page} is held by closed request {holder!r}"
         elif page not in record.pages:

@@ -131,35 +131,60 @@ def named_nodes(state: State, event: ev.Event) -> set[int] | None:
     return set()
 
 
-def _page_status(state: State, page: int) -> tuple[bool, tuple[Any, ...], int | None]:
-    return (page in state.free_pages, tuple(sorted(state.holders.get(page, ()), key=str)),
-            state.page_node.get(page))
+_CHANGED_MEMO: list[Any] = [None, None, set()]  # last (before, after, result): frame and
+# refcount_delta ask for the same edge back to back
+
+
+def changed_pages(before: State, after: State) -> set[int]:
+    """Pages whose free-list membership, holders or tree node differ between two states."""
+    memo = _CHANGED_MEMO
+    if memo[0] is before and memo[1] is after:
+        return set(memo[2])
+    result = _changed_pages(before, after)
+    memo[0], memo[1], memo[2] = before, after, result
+    return set(result)
+
+
+def _changed_pages(before: State, after: State) -> set[int]:
+    free_before, free_after = set(before.free_pages), set(after.free_pages)
+    out = free_before ^ free_after
+    for old, new in ((before.holders, after.holders), (before.page_node, after.page_node)):
+        if old is new:
+            continue
+        for page in set(old.keys()) | set(new.keys()):
+            if old.get(page) != new.get(page):
+                out.add(page)
+    return out
+
+
+def _changed_ids(old: Any, new: Any) -> set[Any]:
+    if old is new:
+        return set()
+    return {k for k in set(old.keys()) | set(new.keys()) if old.get(k) != new.get(k)}
 
 
 @_transition("frame")
 def _frame(before: State, event: ev.Event, after: State) -> list[str]:
     """An event changes only the pages, requests and nodes it names."""
     out = []
+    name = type(event).__name__
     pages = named_pages(before, event)
     if pages is not None:
-        universe = range(1, before.geometry.num_pages + 1)
-        changed = {p for p in universe if _page_status(before, p) != _page_status(after, p)}
+        changed = changed_pages(before, after)
         if changed - pages:
-            out.append(f"{type(event).__name__} changed unnamed pages {sorted(changed - pages)}")
+            out.append(f"{name} changed unnamed pages {sorted(changed - pages)}")
         order_before = [p for p in before.free_pages if p not in pages]
         order_after = [p for p in after.free_pages if p not in pages]
         if order_before != order_after:
-            out.append(f"{type(event).__name__} reordered free pages it does not name")
+            out.append(f"{name} reordered free pages it does not name")
     requests = named_requests(before, event)
     if requests is not None:
-        for rid in set(before.requests.keys()) | set(after.requests.keys()):
-            if rid not in requests and before.requests.get(rid) != after.requests.get(rid):
-                out.append(f"{type(event).__name__} changed unnamed request {rid!r}")
+        for rid in _changed_ids(before.requests, after.requests) - requests:
+            out.append(f"{name} changed unnamed request {rid!r}")
     nodes = named_nodes(before, event)
     if nodes is not None:
-        for nid in set(before.nodes.keys()) | set(after.nodes.keys()):
-            if nid not in nodes and before.nodes.get(nid) != after.nodes.get(nid):
-                out.append(f"{type(event).__name__} changed unnamed node {nid}")
+        for nid in _changed_ids(before.nodes, after.nodes) - nodes:
+            out.append(f"{name} changed unnamed node {nid}")
     return out
 
 
@@ -238,7 +263,7 @@ def declared_refcount_delta(before: State, event: ev.Event) -> dict[int, int] | 
 def _refcount_delta(before: State, event: ev.Event, after: State) -> list[str]:
     """Each page's refcount moves by exactly the event's declared effect."""
     declared = declared_refcount_delta(before, event)
-    universe = range(1, before.geometry.num_pages + 1)
+    universe = changed_pages(before, after)  # refcounts move only where holders or nodes do
     out = []
     if declared is None:
         if isinstance(event, ev.Assign):
@@ -248,7 +273,7 @@ def _refcount_delta(before: State, event: ev.Event, after: State) -> list[str]:
                 if change and not (page in old and change == -1):
                     out.append(f"Assign moved refcount of page {page} by {change}")
         return out
-    for page in universe:
+    for page in universe | set(declared):
         change = after.refcount(page) - before.refcount(page)
         if change != declared.get(page, 0):
             out.append(f"{type(event).__name__} moved refcount of page {page} by {change}, "
@@ -324,13 +349,14 @@ def _revived(edge: Edge) -> bool:
     before = edge.before
     for event in edge.events:
         if isinstance(event, ev.Lock) and event.node in before.nodes and event.node != ROOT:
-            if before.nodes[event.node].lock_ref == 0 and before.nodes[event.node].last_access < edge.after.clock:
+            node = before.nodes[event.node]
+            if node.lock_ref == 0 and node.last_access < edge.after.clock:
                 return True
         if isinstance(event, ev.Assign | ev.Share):
             size = before.geometry.page_size
             for page in _slot_pages(event.slots, size):
-                node = before.page_node.get(page)
-                if node is not None and before.nodes[node].lock_ref == 0:
+                owner = before.page_node.get(page)
+                if owner is not None and before.nodes[owner].lock_ref == 0:
                     return True
     return False
 

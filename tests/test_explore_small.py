@@ -25,7 +25,7 @@ PINNED = {  # scope: (unique states, edges)
     "tiny": (764, 3336),
     "paged": (3210, 12287),
     "tree": (1054, 3463),
-    "planner": (3334, 7930),
+    "planner": (3334, 9042),
 }
 
 
@@ -120,3 +120,50 @@ def test_planner_rejection_is_reported(monkeypatch, tmp_path):
     assert report.violation is not None
     assert report.violation.names == ("planner_valid",)
     assert isinstance(report.violation.path[-1].events[-1], Free)
+
+
+class FifoPolicy:
+    """Evict the oldest node first, whatever its last access."""
+
+    def priority(self, state, node_id):
+        return (node_id, 0)
+
+    def at_head(self, state):
+        return False
+
+
+def test_check_policy_explores_a_user_policy(fixes, tmp_path):
+    from kvstate.testing import check_policy
+
+    report = check_policy(FifoPolicy(), "planner", max_depth=4, log_dir=str(tmp_path))
+    assert report.violation is None and report.sometimes_missed == []
+    assert report.unique_states > 100
+
+
+def test_check_policy_reports_a_violation(monkeypatch, fixes, tmp_path):
+    import kvstate.planner.alloc as alloc
+    from kvstate.testing import PolicyViolation, check_policy
+
+    monkeypatch.setattr(alloc, "_ensure_pages",
+                        lambda builder, needed, at_head, priority:
+                        needed <= len(builder.state.free_pages))
+    with pytest.raises(PolicyViolation, match="no_false_oom"):
+        check_policy(FifoPolicy(), "planner", log_dir=str(tmp_path))
+
+
+def test_strategies_bias_lengths_to_page_boundaries():
+    from hypothesis import given, settings
+
+    from kvstate.testing import token_sequences, workloads
+
+    seen: set[int] = set()
+
+    @settings(max_examples=200, database=None, derandomize=True)
+    @given(token_sequences(vocab=2, page_size=4), workloads(vocab=2, page_size=4))
+    def run(tokens, work):
+        assert set(tokens) <= {1, 2} and len(tokens) >= 1
+        assert all(len(r["prompt"]) >= 1 for r in work)
+        seen.add(len(tokens))
+
+    run()
+    assert {3, 4, 5} <= seen

@@ -337,22 +337,23 @@ def test_copy_on_write_keeps_other_holders_unchanged():
 
 
 def test_freed_prefix_stays_reusable_then_is_evicted_lru():
+    from kvstate.kv_manager.prefix import prefix_code
+
     manager = paged(8)
     manager.enable_prefix_cache()
-    manager.allocate_with_prefix("a", "old", 4, 0)
-    manager.allocate_with_prefix("b", "new", 4, 0)
+    manager.allocate_with_prefix("a", "first", 4, 0)  # created first
+    manager.allocate_with_prefix("b", "second", 4, 0)
     manager.free("a")
     manager.free("b")
     assert manager.stats()["used_memory_bytes"] == 4 * 32  # both retained
-    assert manager.allocate_with_prefix("c", "new", 4, 0)  # reuse: no new pages
+    assert manager.allocate_with_prefix("c", "first", 4, 0)  # reuse: no new pages
     assert manager.stats()["used_memory_bytes"] == 4 * 32
-    manager.free("c")  # "new" is now the most recently used
-    assert manager.allocate_paged("d", 12)  # needs 6 pages, 4 free: evicts "old" only
+    manager.free("c")  # "first" is now the most recently used, "second" the least
+    assert manager.allocate_paged("d", 12)  # needs 6 pages, 4 free: evicts one prefix
     evicts = [e for e in manager.engine.events if isinstance(e, Evict)]
     assert len(evicts) == 1 and len(evicts[0].nodes) == 1
     remaining = [n.key[0] for i, n in manager.engine.state.nodes.items() if i]
-    from kvstate.kv_manager.prefix import prefix_code
-    assert remaining == [prefix_code("new")]
+    assert remaining == [prefix_code("first")]
     assert check(manager.engine.state) == []
 
 
@@ -441,3 +442,41 @@ def test_a_recorded_run_replays_clean(tmp_path):
     assert result.ok, result.failure
     assert result.state == manager.engine.state
     assert result.summary.evictions == 1
+
+
+def test_value_head_dim_and_a_seed_style_dataclass_config():
+    from dataclasses import dataclass
+
+    @dataclass
+    class SeedConfig:  # the seed's own ModelConfig shape
+        num_layers: int = 1
+        num_kv_heads: int = 2
+        head_dim: int = 2
+        dtype_bytes: int = 2
+
+    manager = KVCacheManager(SeedConfig(), 4 * 16)
+    assert manager.bytes_per_token == 16 and manager.allocate("a", 4, 0)
+    manager.append_token("a", 0, vec(1, 2, 3, 4), vec(5, 6, 7, 8))
+    assert manager.get_kv("a", 0) == ([[1.0, 2.0, 3.0, 4.0]], [[5.0, 6.0, 7.0, 8.0]])
+
+    mla_like = ModelConfig(num_layers=1, num_kv_heads=2, head_dim=2, v_head_dim=3)
+    other = KVCacheManager(mla_like, 10 * mla_like.bytes_per_token, page_size=2)
+    other.allocate_paged("a", 1)
+    with pytest.raises(ValueError, match="value has 4 values"):
+        other.append_token_paged("a", 0, vec(1, 2, 3, 4), vec(1, 2, 3, 4))
+    other.append_token_paged("a", 0, vec(1, 2, 3, 4), vec(1, 2, 3, 4, 5, 6))
+    assert other.get_kv("a", 0) == ([[1.0, 2.0, 3.0, 4.0]], [[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
+
+
+@pytest.mark.cuda
+def test_values_and_copy_on_write_on_a_cuda_device():
+    manager = KVCacheManager(TINY, 30 * 4 * 8, page_size=4, device="cuda")
+    manager.enable_prefix_cache()
+    manager.allocate_with_prefix("a", "sys", 6, 2)
+    fill(manager, "a", 6, start=100)
+    manager.allocate_with_prefix("b", "sys", 6, 2)
+    manager.append_token("b", 0, vec(7, 7), vec(7, 7))
+    assert manager._values().executor.get_kv_buffer(0)[0].device.type == "cuda"
+    prefix_keys = [[100.0 + t, 0.0] for t in range(6)]
+    assert manager.get_kv("b", 0)[0] == prefix_keys + [[7.0, 7.0]]
+    assert manager.get_kv("a", 0)[0] == prefix_keys

@@ -162,6 +162,20 @@ def test_replay_executor_option(capsys):
         assert code == 0
 
 
+def test_replay_executor_cuda_without_a_device_exits_2(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert main(["replay", SEED_000, "--executor", "cuda"]) == 2
+    assert "CUDA" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+def test_replay_executor_cuda(capsys):
+    assert main(["replay", SEED_001, "--executor", "cuda"]) == 0
+
+
 def test_record_then_replay_then_diff(tmp_path, capsys):
     a, b, c = (str(tmp_path / n) for n in ("a.kvlog", "b.kvlog", "c.kvlog"))
     code, rec = run_json(capsys, "record", "--workload", "synthetic", "--requests", "12", "--seed",

@@ -56,7 +56,7 @@ def best(fn: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
 def record_workload(spec: WorkloadSpec, path: Path) -> int:
     recorders: list[Recorder] = []
     run_synthetic(spec, attach=lambda r: recorders.append(
-        Recorder(r.engine, path, checkpoint_every=4096, fsync=False)), keep_events=False)
+        Recorder(r.engine, path, fsync=False)), keep_events=False)
     recorders[0].close()
     return recorders[0].count
 
@@ -84,7 +84,8 @@ def apply_only(geometry: Geometry, events: list[Event]) -> int:
     return len(events)
 
 
-def recorder_own_cost(geometry: Geometry, events: list[Event], path: Path) -> int:
+def recorder_own_cost(geometry: Geometry, events: list[Event], path: Path,
+                      checkpoint_every: int | None) -> int:
     """Feed the recorder listener directly (states precomputed): its own cost per event."""
     state = initial_state(geometry)
     states = []
@@ -94,7 +95,7 @@ def recorder_own_cost(geometry: Geometry, events: list[Event], path: Path) -> in
     from kvstate.engine import Engine
 
     engine = Engine(geometry)
-    recorder = Recorder(engine, path, checkpoint_every=4096, fsync=False)
+    recorder = Recorder(engine, path, checkpoint_every=checkpoint_every, fsync=False)
     listener = recorder._on_event  # noqa: SLF001 - measuring the listener itself
     c0 = time.process_time()
     for evt, after in zip(events, states, strict=True):
@@ -108,7 +109,7 @@ def live_run(spec: WorkloadSpec, mode: str, path: Path) -> int:
         if mode == "noop":
             run.engine.subscribe(lambda event, state: None)
         elif mode == "recorder":
-            holder.append(Recorder(run.engine, path, checkpoint_every=4096, fsync=False))
+            holder.append(Recorder(run.engine, path, fsync=False))
 
     holder: list[Recorder] = []
     run = run_synthetic(spec, attach=attach, keep_events=False)
@@ -167,17 +168,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where to write the logs (default: a new temporary directory)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only", choices=("all", "throughput", "memory"), default="all")
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="kvstate-bench-log-"))
     work.mkdir(parents=True, exist_ok=True)
     spec = WorkloadSpec(requests=args.requests, seed=1, page_size=args.page_size,
                         capacity=4096 * args.page_size // 4, max_running=16)
+    rows: list[tuple[str, str, str]] = []
+    if args.only in ("all", "throughput"):
+        throughput(args, spec, work, rows)
+    if args.big_events and args.only in ("all", "memory"):
+        memory(args, work, rows)
+    header = [f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+              f"load average at the end {os.getloadavg()[0]:.1f}.",
+              f"Workload: synthetic SGLang, {args.requests} requests, page size {args.page_size}.", ""]
+    table = ["| measurement | result | notes |", "| --- | --- | --- |"]
+    table += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    text = "\n".join(header + table) + "\n"
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+def throughput(args: argparse.Namespace, spec: WorkloadSpec, work: Path,
+               rows: list[tuple[str, str, str]]) -> None:
     log = work / "bench_workload.kvlog"
     count = record_workload(spec, log)
     size = log.stat().st_size
     with LogReader(log) as reader:
         events = list(reader.events())
-    rows: list[tuple[str, str, str]] = []
 
     def rate(label: str, fn: Callable[[], int], note: str = "") -> None:
         cpu, wall, n = best(fn, args.repeat)
@@ -194,11 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     rate("replay, invariants every event", lambda: replay_with(log, 1, prefix),
          f"first {prefix} events")
 
-    own = min(recorder_own_cost(spec.geometry, events, work / "own.kvlog")
-              for _ in range(args.repeat))
-    rows.append(("recorder's own work per event (encode, frame, buffer, flush, checkpoints)",
-                 f"{own / 1000 / count:.2f} us/event", "listener fed directly"))
-    print(rows[-1])
+    for every, label in ((0, "no checkpoints"), (4096, "checkpoint every 4096"),
+                         (None, "automatic checkpoint interval")):
+        own = min(recorder_own_cost(spec.geometry, events, work / "own.kvlog", every)
+                  for _ in range(args.repeat))
+        rows.append((f"recorder's own work per event, {label}",
+                     f"{own / 1000 / count:.2f} us/event",
+                     "listener fed precomputed states (encode, frame, buffer, flush, fingerprints)"))
+        print(rows[-1])
     base_cpu, base_wall, seq = best(lambda: live_run(spec, "none", log), args.repeat)
     noop_cpu, _, _ = best(lambda: live_run(spec, "noop", log), args.repeat)
     rec_cpu, rec_wall, _ = best(lambda: live_run(spec, "recorder", work / "live.kvlog"), args.repeat)
@@ -212,35 +235,26 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows[-3:]:
         print(row)
 
-    if args.big_events:
-        big = work / "bench_big.kvlog"
-        small = work / "bench_small.kvlog"
-        c0 = time.perf_counter()
-        write_cycle_log(big, args.big_events)
-        write_seconds = time.perf_counter() - c0
-        write_cycle_log(small, 10_000)
-        n_small, base_small, peak_small, _ = reader_memory(small)
-        n_big, base_big, peak_big, seconds = reader_memory(big)
-        rows.append(("reader peak RSS, 10k-event log", f"{peak_small / 1024:.1f} MiB",
-                     f"{base_small / 1024:.1f} MiB after imports"))
-        rows.append((f"reader peak RSS, {n_big:,}-event log ({big.stat().st_size / 2**20:,.0f} MiB)",
-                     f"{peak_big / 1024:.1f} MiB",
-                     f"{base_big / 1024:.1f} MiB after imports; read in {seconds:.1f} s "
-                     f"({n_big / seconds:,.0f} events/s); written in {write_seconds:.1f} s"))
-        for row in rows[-2:]:
-            print(row)
-        big.unlink()
-        small.unlink()
-    header = [f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-              f"load average at the end {os.getloadavg()[0]:.1f}.",
-              f"Workload: synthetic SGLang, {args.requests} requests, page size {args.page_size}.", ""]
-    table = ["| measurement | result | notes |", "| --- | --- | --- |"]
-    table += [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    text = "\n".join(header + table) + "\n"
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text, encoding="utf-8")
-    return 0
+
+def memory(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str]]) -> None:
+    big = work / "bench_big.kvlog"
+    small = work / "bench_small.kvlog"
+    c0 = time.perf_counter()
+    write_cycle_log(big, args.big_events)
+    write_seconds = time.perf_counter() - c0
+    write_cycle_log(small, 10_000)
+    n_small, base_small, peak_small, _ = reader_memory(small)
+    n_big, base_big, peak_big, seconds = reader_memory(big)
+    rows.append(("reader peak RSS, 10k-event log", f"{peak_small / 1024:.1f} MiB",
+                 f"{base_small / 1024:.1f} MiB after imports"))
+    rows.append((f"reader peak RSS, {n_big:,}-event log ({big.stat().st_size / 2**20:,.0f} MiB)",
+                 f"{peak_big / 1024:.1f} MiB",
+                 f"{base_big / 1024:.1f} MiB after imports; read in {seconds:.1f} s "
+                 f"({n_big / seconds:,.0f} events/s); written in {write_seconds:.1f} s"))
+    for row in rows[-2:]:
+        print(row)
+    big.unlink()
+    small.unlink()
 
 
 if __name__ == "__main__":

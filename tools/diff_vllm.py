@@ -154,8 +154,12 @@ def vllm_side(config: dict[str, Any], ops: list[Op]) -> list[Any]:
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            SlidingWindowSpec)
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
     from vllm.v1.request import Request
 
     init_none_hash(sha256_cbor)

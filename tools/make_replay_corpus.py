@@ -31,7 +31,7 @@ DEMO = "synthetic/demo_sglang_p4.kvlog"
 SYNTHETIC = {
     "synthetic/demo_sglang_p4.kvlog": WorkloadSpec(requests=24, seed=3, page_size=4, capacity=512,
                                                    max_running=4),
-    "synthetic/sglang_p1_s7.kvlog": WorkloadSpec(requests=80, seed=7, page_size=1, capacity=768),
+    "synthetic/sglang_p1_s7.kvlog": WorkloadSpec(requests=40, seed=7, page_size=1, capacity=512),
     "synthetic/sglang_p4_s11_tight.kvlog": WorkloadSpec(requests=120, seed=11, page_size=4,
                                                         capacity=448, max_running=6),
     "synthetic/sglang_p16_s5.kvlog": WorkloadSpec(requests=60, seed=5, page_size=16, capacity=1024,

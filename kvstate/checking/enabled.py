@@ -105,13 +105,12 @@ def candidate_events(state: State, scope: Scope) -> Iterator[ev.Event]:
     if "lock" in kinds:
         for nid in node_ids:
             yield ev.Lock(nid)
-            if state.nodes[nid].lock_ref > 0:
-                yield ev.Unlock(nid)
+            yield ev.Unlock(nid)  # rejected unless the node holds a lock of its own
     if "evict" in kinds:
         for nid in node_ids:
             node = state.nodes[nid]
+            yield ev.Evict((nid,), False)  # rejected while locked or not a leaf
             if node.lock_ref == 0 and not node.children:
-                yield ev.Evict((nid,), False)
                 yield ev.Evict((nid,), True)
     if "reset" in kinds:
         for scope_name in ("tree", "rows", "pages", "all"):

@@ -43,6 +43,7 @@ class Report:
     edges: int = 0
     max_depth: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time (wall time suffers on a shared machine)
     sometimes_hit: dict[str, int] = attrs.field(factory=dict)
     sometimes_missed: list[str] = attrs.field(factory=list)
     violation: Violation | None = None
@@ -74,7 +75,8 @@ class Report:
             "max_depth": self.max_depth, "violations": violations,
             "sometimes_hit": dict(sorted(self.sometimes_hit.items())),
             "sometimes_missed": self.sometimes_missed, "seconds": round(self.seconds, 3),
-            "states_per_second": round(self.states_per_second, 1), "complete": self.complete,
+            "states_per_second": round(self.states_per_second, 1),
+            "cpu_seconds": round(self.cpu_seconds, 3), "complete": self.complete,
         }
 
 
@@ -121,13 +123,14 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
     hits: dict[str, int] = {}
     report = Report(scope.name, scope.level, "bfs")
     started = time.perf_counter()
+    cpu_started = time.process_time()
     init = level.initial()
     init_fp = level.view(init)
     parent: dict[bytes, tuple[bytes | None, int, tuple[Any, ...]]] = {init_fp: (None, -1, ())}
     frontier: deque[tuple[Any, bytes, int]] = deque([(init, init_fp, 0)])
 
     def path_to(fp: bytes) -> list[int]:
-        indices = []
+        indices: list[int] = []
         while True:
             up, index, _ = parent[fp]
             if up is None:
@@ -140,6 +143,7 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
         report.violation = Violation(tuple(dict.fromkeys(n for n, _ in found)),
                                      tuple(m for _, m in found), path)
         report.seconds = time.perf_counter() - started
+        report.cpu_seconds = time.process_time() - cpu_started
         report.unique_states = len(parent)
         return report
 
@@ -171,6 +175,7 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
                 frontier.clear()
                 break
     report.seconds = time.perf_counter() - started
+    report.cpu_seconds = time.process_time() - cpu_started
     report.unique_states = len(parent)
     report.sometimes_hit = hits
     report.sometimes_missed = sorted(pending)
@@ -188,6 +193,7 @@ def random_walks(level: Level, *, walks: int, depth: int, seed: int = 0,
     hits: dict[str, int] = {}
     report = Report(level.scope.name, level.scope.level, f"walk(seed={seed})")
     started = time.perf_counter()
+    cpu_started = time.process_time()
     seen: set[bytes] = set()
     for _ in range(walks):
         world = level.initial()
@@ -224,6 +230,7 @@ def random_walks(level: Level, *, walks: int, depth: int, seed: int = 0,
             world, previous = step.world, step.events
             report.max_depth = max(report.max_depth, len(indices))
     report.seconds = time.perf_counter() - started
+    report.cpu_seconds = time.process_time() - cpu_started
     report.unique_states = len(seen)
     report.sometimes_hit = hits
     report.sometimes_missed = sorted(pending)

@@ -7,6 +7,8 @@ scope's lengths over its vocabulary:
 
 ``admit(prompt)``   row from the stack, ``plan_match``, lock, write the matched
                     slots, ``plan_extend`` to the prompt length (may evict)
+``extend(token)``   ``plan_extend`` by one page of copies of ``token`` (a prefill
+                    chunk: fills the partial page first; may evict)
 ``decode(token)``   ``plan_decode`` one token (may evict)
 ``checkpoint``      ``plan_checkpoint`` (SGLang ``cache_unfinished_req``)
 ``finish``          ``plan_release(checkpoint=True)`` (``cache_finished_req``)
@@ -127,6 +129,9 @@ class PlannerLevel:
             for prompt in self.prompts:
                 yield f"admit{list(prompt)}", ("admit", prompt)
         for cursor in world.cursors:
+            if "extend" in kinds:
+                for token in range(1, self.scope.vocab + 1):
+                    yield f"extend(row={cursor.row}, token={token})", ("extend", cursor, token)
             if "decode" in kinds:
                 for token in range(1, self.scope.vocab + 1):
                     yield f"decode(row={cursor.row}, token={token})", ("decode", cursor, token)
@@ -200,6 +205,18 @@ class PlannerLevel:
             builder.extend(plan)
             return others + [Cursor(row, tuple(prompt), len(prompt), matched.length,
                                     matched.last_node)]
+        if kind == "extend":
+            cursor, token = command[1], command[2]
+            length = len(cursor.tokens) + size
+            if length > self.geometry.row_width:
+                return None
+            plan = plan_extend(state, [(cursor.row, length)], at_head=at_head,
+                               priority=policy.priority)
+            if plan is None:
+                self._oom(builder, new_pages_for_extend(size, len(cursor.tokens), length), "extend")
+                return None
+            builder.extend(plan)
+            return others + [attrs.evolve(cursor, tokens=cursor.tokens + (token,) * size)]
         if kind == "decode":
             cursor, token = command[1], command[2]
             if len(cursor.tokens) >= self.geometry.row_width:
@@ -225,9 +242,9 @@ class PlannerLevel:
                                         checkpoint=kind == "finish", at_head=at_head))
             return others
         if kind == "evict":
-            plan = plan_evict(state, size, at_head=at_head, priority=policy.priority)
-            if not plan.events:
+            evicted = plan_evict(state, size, at_head=at_head, priority=policy.priority)
+            if not evicted.events:
                 return None
-            builder.extend(plan)
+            builder.extend(evicted)
             return list(world.cursors)
         raise ValueError(f"unknown command {kind!r}")

@@ -12,7 +12,7 @@ import attrs
 
 EVENT_KINDS = ("rows", "allocate", "append", "assign", "share", "truncate", "free", "copy",
                "insert", "split", "touch", "lock", "evict", "reset")
-COMMANDS = ("admit", "decode", "checkpoint", "finish", "retract", "evict")
+COMMANDS = ("admit", "extend", "decode", "checkpoint", "finish", "retract", "evict")
 
 
 @attrs.frozen
@@ -61,6 +61,11 @@ _add(Scope("core6", "event", num_pages=3, page_size=1, num_rows=2, vocab=2, max_
                   "assign"),
            max_key_pages=2, description="the six core kinds (allocate, append, free, split, "
                                         "insert, evict) plus rows/locks/assign; >= 1M states"))
+_add(Scope("core6-1m", "event", num_pages=4, page_size=1, num_rows=2, vocab=2, max_depth=9,
+           kinds=("rows", "allocate", "append", "free", "insert", "split", "evict", "lock",
+                  "assign"),
+           max_key_pages=2, description="benchmark: the six core kinds over 4 pages; "
+                                        ">= 1M unique states (minutes; not in CI)"))
 _add(Scope("planner", "planner", num_pages=3, page_size=1, num_rows=2, vocab=2, max_depth=5,
            kinds=COMMANDS, prompt_lengths=(1, 2), symmetry=False,
            description="SGLang flows through the planner, P=1; pinned in CI"))

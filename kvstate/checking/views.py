@@ -115,8 +115,8 @@ def planner_view(state: State, extra: Any = None, node_fields: tuple[int, ...] =
         tree.append([node_rank.get(node.parent, -1), list(node.key), list(node.pages),
                      node.lock_ref, time_rank[node.last_access], children])
     held = sorted((page, sorted(who, key=str)) for page, who in state.holders.items())
-    tables = sorted(([str(rid), list(r.pages), r.allocated, r.committed]
-                     for rid, r in state.requests.items()), key=lambda t: t[0])
+    tables = [[str(rid), list(r.pages), r.allocated, r.committed]
+              for rid, r in sorted(state.requests.items(), key=lambda kv: str(kv[0]))]
     mapped_extra = [node_rank.get(n, n) for n in node_fields]
     return digest([tree, held, tables, list(state.free_pages), list(state.free_rows),
                    state.evictable_size, state.protected_size, time_rank[state.clock],

@@ -32,7 +32,9 @@ def register(subparsers: Any) -> None:
                         help="KV pool size in tokens (default 1024)")
     parser.add_argument("--max-running", type=int, default=8, metavar="R",
                         help="request rows, i.e. the most requests running at once (default 8)")
-    parser.add_argument("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY, metavar="N")
+    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                        help="checkpoint interval in events (default: by pool size, at least "
+                             f"{DEFAULT_CHECKPOINT_EVERY})")
     parser.add_argument("-o", "--output", required=True, metavar="LOG")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvstate record: {exc}", file=sys.stderr)
         return 2
-    if args.checkpoint_every < 0:
+    if args.checkpoint_every is not None and args.checkpoint_every < 0:
         print("kvstate record: --checkpoint-every must be >= 0", file=sys.stderr)
         return 2
     meta = {"workload": args.workload, "requests": spec.requests, "seed": spec.seed,

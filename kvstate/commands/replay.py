@@ -121,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
         print("kvstate replay: --executor needs the kvstate.executor module, which is not "
               "installed in this kvstate", file=sys.stderr)
         return 2
+    if args.executor == "cuda" and not _cuda_available():
+        print("kvstate replay: --executor cuda needs a CUDA device; none is available "
+              "(use --executor cpu)", file=sys.stderr)
+        return 2
     try:
         name, handle = _open_source(args.log)
     except OSError as exc:
@@ -143,6 +147,14 @@ def run(args: argparse.Namespace) -> int:
         if executor_failure is not None:
             result.failure = executor_failure
     return _report(args, name, result, show)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def _executor_available() -> bool:

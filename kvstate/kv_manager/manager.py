@@ -38,6 +38,8 @@ import torch
 from kvstate.config import ModelConfig
 from kvstate.engine import Engine
 from kvstate.kv_manager import basic, paged, sharing
+from kvstate.kv_manager.checks import check_count as _count
+from kvstate.kv_manager.checks import check_layer, model_config
 from kvstate.kv_manager.errors import ModeError
 from kvstate.kv_manager.names import anchor_name, layer_name
 from kvstate.kv_manager.prefix import find_prefix, prefix_tokens_of
@@ -56,24 +58,6 @@ BASIC = "basic"
 PAGED = "paged"
 
 
-def _count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
-
-
-def _model_config(config: Any) -> ModelConfig:
-    if isinstance(config, ModelConfig):
-        return config
-    try:  # a seed-style dataclass with the same fields
-        return ModelConfig(config.num_layers, config.num_kv_heads, config.head_dim,
-                           getattr(config, "dtype_bytes", 2), getattr(config, "v_head_dim", None))
-    except AttributeError as exc:
-        raise TypeError(f"config must be a kvstate.ModelConfig, got {type(config).__name__}") from exc
-
-
 class KVCacheManager:
     """Seed-002 KV-cache manager (basic reservation, paged attention, prefix caching).
 
@@ -86,7 +70,7 @@ class KVCacheManager:
     def __init__(self, config: ModelConfig, max_gpu_memory_bytes: int, page_size: int = 16, *,
                  mode: str | None = None, dtype: torch.dtype | None = None,
                  device: str | torch.device | None = "cpu") -> None:
-        self.config = _model_config(config)
+        self.config = model_config(config)
         self.max_gpu_memory_bytes = _count("max_gpu_memory_bytes", max_gpu_memory_bytes)
         if _count("page_size", page_size) == 0:
             raise ValueError("page_size must be positive")
@@ -150,11 +134,7 @@ class KVCacheManager:
             raise KeyError(f"unknown request {request_id!r}")
 
     def _layer(self, layer: int) -> int:
-        if isinstance(layer, bool) or not isinstance(layer, int):
-            raise TypeError(f"layer must be an int, got {type(layer).__name__} {layer!r}")
-        if not 0 <= layer < self.config.num_layers:
-            raise ValueError(f"layer {layer} is outside 0..{self.config.num_layers - 1}")
-        return layer
+        return check_layer(layer, self.config.num_layers)
 
     def _vector(self, name: str, values: Sequence[float], width: int) -> torch.Tensor:
         try:
@@ -162,7 +142,8 @@ class KVCacheManager:
         except TypeError:
             raise TypeError(f"{name} must be a list of floats, got {type(values).__name__}") from None
         if length != width:
-            raise ValueError(f"{name} has {length} values; expected num_kv_heads * head_dim = {width}")
+            raise ValueError(f"{name} has {length} values; expected {width} "
+                             f"(num_kv_heads * {'head_dim' if name == 'key' else 'v_head_dim'})")
         if isinstance(values, torch.Tensor):
             return values.detach().reshape(-1).to("cpu", torch.float64)
         try:

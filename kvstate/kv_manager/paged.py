@@ -28,7 +28,7 @@ from kvstate.errors import OutOfMemory
 from kvstate.events import Allocate, Append, Assign, Copy, Free, ReqAlloc, ReqFree, Touch, Unlock
 from kvstate.kv_manager.basic import usable_free_pages
 from kvstate.kv_manager.names import anchor_name, core_names, layer_name
-from kvstate.kv_manager.prefix import prefix_node_of
+from kvstate.kv_manager.prefix import prefix_node_of, prefix_tokens_of
 from kvstate.planner.builder import Plan, PlanBuilder
 from kvstate.planner.evict import lru_priority, plan_evict
 from kvstate.state import DETACHED, State
@@ -83,7 +83,7 @@ def needs_copy(state: State, table: str, page: int, position: int) -> bool:
     """Whether writing ``position`` of ``table`` into ``page`` must copy the page first."""
     node_id = state.page_node.get(page)
     if node_id is not None:
-        return False
+        return position >= prefix_tokens_of(state.nodes[node_id])
     return any(holder != table for holder in state.holders.get(page, ()))
 
 

@@ -17,8 +17,10 @@ content with its first ``prefix_tokens`` appends.
 
 Unique tokens that fit in the prefix's partial last page take no page here;
 the first write there copies that page (copy-on-write, see ``paged.py``).
-Returns ``None`` (no events) when the pages cannot be had even after
-evicting every unlocked prefix.
+The plan's result is True when it registered a new prefix (the manager
+then zeroes the prefix pages in the value store); the planner returns
+``None`` (no events) when the pages cannot be had even after evicting every
+other unlocked prefix.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ import zlib
 from collections.abc import Iterator
 from typing import IO
 
-from kvstate.events import Event
 import msgpack
 
+from kvstate.events import Event
 from kvstate.log.decode import CURRENT, decode_record
 from kvstate.log.format import (
     FORMAT_VERSION,
@@ -160,11 +160,12 @@ class LogReader:
         Checks the framing facts too: checkpoints carry the number of events
         before them, the end record the total, and nothing follows it.
         """
+        return self._salvaged() if self.salvage else self._records()
+
+    def _salvaged(self) -> Iterator[tuple[int, Item]]:
         try:
             yield from self._records()
         except LogFormatError as exc:
-            if not self.salvage:
-                raise
             self.stopped = exc
 
     def _records(self) -> Iterator[tuple[int, Item]]:
@@ -223,7 +224,7 @@ class LogReader:
                 raise LogFormatError(start, "log ends without an end record (truncated, or the "
                                             "writer did not finish)", self.records_read)
             body = self._read_frame(limit, "record")
-            item = decode_record(unpack(body, start), start, upcasters)
+            item = decode_record(unpack_body(body, start), start, upcasters)
             if isinstance(item, Event):
                 self.events_read += 1
             else:

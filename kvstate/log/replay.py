@@ -133,10 +133,10 @@ class _Stats:
         summary = self.summary
         tag = evt.TAG
         summary.by_type[tag] = summary.by_type.get(tag, 0) + 1
+        used = self.num_pages - len(after.free_pages)  # any event type may take pages
+        if used > summary.peak_pages_used:
+            summary.peak_pages_used = used
         if isinstance(evt, Allocate):
-            used = self.num_pages - len(after.free_pages)
-            if used > summary.peak_pages_used:
-                summary.peak_pages_used = used
             pending = self.first_extend
             if pending:
                 for request_id, slots in evt.items:

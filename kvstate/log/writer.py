@@ -31,6 +31,7 @@ from kvstate.log.format import (
     FRAME,
     LENGTH,
     LogHeader,
+    auto_checkpoint_every,
     checkpoint_body,
     end_body,
     new_packer,
@@ -184,14 +185,14 @@ class Recorder:
     """
 
     def __init__(self, target: Any, path: str | os.PathLike[str], *,
-                 checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+                 checkpoint_every: int | None = None,
                  flush_bytes: int = DEFAULT_FLUSH_BYTES, flush_on_checkpoint: bool = True,
                  meta: dict[str, Any] | None = None, fsync: bool = True) -> None:
-        if checkpoint_every < 0:
+        if checkpoint_every is not None and checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
         self.engine = engine_of(target)
         self.path = os.fspath(path)
-        self.checkpoint_every = checkpoint_every
+        self._checkpoint_every = checkpoint_every
         self._options = {"flush_bytes": flush_bytes, "flush_on_checkpoint": flush_on_checkpoint,
                          "fsync": fsync}
         self.meta = dict(meta or {})
@@ -222,6 +223,13 @@ class Recorder:
             raise ValueError("the engine did not start from an empty state; a log cannot express it")
         return events
 
+    @property
+    def checkpoint_every(self) -> int:
+        """The interval asked for, or the automatic one for the engine's geometry."""
+        if self._checkpoint_every is not None:
+            return self._checkpoint_every
+        return auto_checkpoint_every(self.engine.geometry)
+
     def _open(self) -> LogWriter:
         header = make_header(self.engine.geometry, checkpoint_every=self.checkpoint_every,
                              meta=self.meta)
@@ -239,27 +247,32 @@ class Recorder:
         crc32 = zlib.crc32
         frame_pack = FRAME.pack
         length_pack = LENGTH.pack
-        every = self.checkpoint_every
+        every = 0
         writer: LogWriter | None = None
         pack: Callable[[Any], bytes] = bytes
         extend: Callable[[bytes], None] = bytearray().extend
         buf = bytearray()
         limit = 0
-        next_checkpoint = every or -1
+        next_checkpoint = -1
+        length_crcs = [crc32(length_pack(length)) for length in range(1024)]
 
         def listener(evt: Event, state: State) -> None:
-            nonlocal writer, pack, extend, buf, limit, next_checkpoint
+            nonlocal writer, pack, extend, buf, limit, every, next_checkpoint
             if writer is None:
+                # First event: the geometry is final now (front ends size the engine lazily).
                 writer = recorder.writer or recorder._open()
                 pack, buf, limit = writer._packer.pack, writer._buf, writer.flush_bytes
                 extend = buf.extend
+                every = writer.header.checkpoint_every
+                next_checkpoint = (writer.count // every + 1) * every if every else -1
             cls = evt.__class__
             getter = getters.get(cls)
             if getter is None:
                 raise TypeError(f"{cls.__name__} is not a registered event type")
             body = pack((cls.TAG, cls.VERSION, *getter(evt)))
             length = len(body)
-            extend(frame_pack(length, crc32(body, crc32(length_pack(length)))))
+            seed = length_crcs[length] if length < 1024 else crc32(length_pack(length))
+            extend(frame_pack(length, crc32(body, seed)))
             extend(body)
             count = writer.count = writer.count + 1
             if count == next_checkpoint:

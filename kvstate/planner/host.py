@@ -183,8 +183,34 @@ def load_prefix(builder: TieredBuilder, key: Sequence[int], *, policy: str, at_h
             builder.emit(Unlock(matched.last_node))
         if not room:
             return matched
+        if hit not in builder.state.host.evicted:  # making room dropped it from the host: re-match
+            continue
         pages = builder.state.core.free_pages.head(need)
         builder.emit(Load(hit, tuple(pages), builder.state.core.clock + 1))
+
+
+def drop_host_subtree(builder: TieredBuilder, node_id: int) -> None:
+    """Drop host-only ``node_id`` and every host-only node below it (leaves first)."""
+    order: list[int] = []
+    stack = [node_id]
+    while stack:
+        current = stack.pop()
+        order.append(current)
+        stack.extend(builder.state.host.host_children(current))
+    builder.emit(HostFree(tuple(reversed(order))))
+
+
+def _make_way_for_insert(builder: TieredBuilder, key: Sequence[int], *, policy: str,
+                         at_head: bool) -> None:
+    """Load host hits on ``key``; a host-only node that could not be loaded is dropped.
+
+    The caller is about to insert its own copy of those tokens, so the host
+    copy is redundant (one key, one node).
+    """
+    matched = load_prefix(builder, key, policy=policy, at_head=at_head)
+    hit = _host_hit(builder.state, key, matched)
+    if hit is not None:
+        drop_host_subtree(builder, hit)
 
 
 def plan_match_tiered(state: TieredState, key: Sequence[int], *, policy: str,
@@ -200,7 +226,7 @@ def plan_insert_tiered(state: TieredState, key: Sequence[int], slots: Sequence[i
     """Insert after loading host hits; write-through backs the new leaf up."""
     _check_policy(policy)
     builder = TieredBuilder(state)
-    load_prefix(builder, key, policy=policy, at_head=at_head)
+    _make_way_for_insert(builder, key, policy=policy, at_head=at_head)
     result = builder.adopt(plan_insert(builder.state.core, key, slots, owner))
     if policy == WRITE_THROUGH:
         plan_backup(builder, result.last_node)
@@ -215,7 +241,7 @@ def plan_checkpoint_tiered(state: TieredState, cursor: RequestCursor, token_ids:
     builder = TieredBuilder(state)
     size = state.core.geometry.page_size
     aligned = up_to // size * size
-    load_prefix(builder, token_ids[:aligned], policy=policy, at_head=at_head)
+    _make_way_for_insert(builder, token_ids[:aligned], policy=policy, at_head=at_head)
     if cursor.last_node != ROOT and cursor.last_node not in builder.state.core.nodes:
         raise ValueError(f"request {cursor.request!r} lost its locked node")  # pragma: no cover
     result = builder.adopt(plan_checkpoint(builder.state.core, cursor, token_ids,

@@ -18,7 +18,7 @@ descendant is still cached).  Pure functions; nothing here mutates its inputs.
 
 from __future__ import annotations
 
-from immutables import Map
+from immutables import Map, MapMutation
 
 from kvstate.events_block import (
     BlockAlloc,
@@ -203,10 +203,28 @@ def block_cache(state: State, event: BlockCache) -> State:
                 nodes[node_id] = target._replace(pages=(*target.pages, page))
                 page_node[page] = node_id
             current = node_id
+        pruned = _prune(nodes, current)  # trailing positions that got no copy (null blocks)
         new_nodes, new_page_node = nodes.finish(), page_node.finish()
-    created = next_id - state.next_node_id
+    created = next_id - state.next_node_id - pruned
     return state.with_changes(nodes=new_nodes, page_node=new_page_node, next_node_id=next_id,
                               evictable_size=state.evictable_size + created * size)
+
+
+def _prune(nodes: MapMutation[int, Node], node_id: int) -> int:
+    """Delete ``node_id`` and its ancestors while they have no copy and no child; the count."""
+    removed = 0
+    current = node_id
+    while current != ROOT:
+        found = nodes.get(current)
+        if found is None or found.pages or len(found.children):
+            break
+        parent = nodes[found.parent]
+        nodes[found.parent] = parent._replace(
+            children=parent.children.delete(block_child_key(found.key, found.extra)))
+        del nodes[current]
+        removed += 1
+        current = found.parent
+    return removed
 
 
 @handles(BlockUncache)
@@ -226,17 +244,7 @@ def block_uncache(state: State, event: BlockUncache) -> State:
             nodes[node_id] = node._replace(pages=tuple(p for p in node.pages if p != page))
             del page_node[page]
         for node_id in dict.fromkeys(event.nodes):
-            current = node_id
-            while current != ROOT:
-                node = nodes.get(current)
-                if node is None or node.pages or len(node.children):
-                    break
-                parent = nodes[node.parent]
-                nodes[node.parent] = parent._replace(
-                    children=parent.children.delete(block_child_key(node.key, node.extra)))
-                del nodes[current]
-                removed += 1
-                current = node.parent
+            removed += _prune(nodes, node_id)
         new_nodes, new_page_node = nodes.finish(), page_node.finish()
     return state.with_changes(nodes=new_nodes, page_node=new_page_node,
                               evictable_size=state.evictable_size - removed * state.page_size)

@@ -249,9 +249,7 @@ def unit_tokens_for(settings: SimulationSettings, first: TraceRequest | None) ->
     if first is None:
         return 1
     if first.block_size < 1:
-        raise SimulationError(
-            f"{first.source} has no hash blocks; use --granularity token for this trace"
-        )
+        raise SimulationError(f"{first.source} has no hash blocks; use --granularity token for this trace")
     return first.block_size
 
 

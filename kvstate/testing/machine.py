@@ -45,6 +45,9 @@ class SpecMachine(RuleBasedStateMachine):
     log_dir = "replay/failures"
     scopes = machine_scopes()
     check_model = True  # False: check only the registered properties (canaries use this)
+    state: State
+    model: Any
+    log: list[ev.Event]
 
     # -- the choke point ---------------------------------------------------------------
     def apply_event(self, state: State, event: ev.Event) -> State:
@@ -63,14 +66,18 @@ class SpecMachine(RuleBasedStateMachine):
             error = ""
         except InvalidEvent as exc:
             after, error = None, exc.precondition
-        try:
-            model_after = model_step(self.model, event) if self.check_model else self.model
-            model_error = ""
-        except ModelReject as exc:
-            model_after, model_error = None, str(exc)
+        if not self.check_model:
+            model_after, model_error = (None if after is None else self.model), ""
+        else:
+            try:
+                model_after = model_step(self.model, event)
+                model_error = ""
+            except ModelReject as exc:
+                model_after, model_error = None, str(exc)
         if (after is None) != (model_after is None):
-            self.fail([event], "refines", f"reducer {'rejected: ' + error if after is None else 'accepted'}"
-                                         f"; spec {'rejected: ' + model_error if model_after is None else 'accepted'}")
+            reducer = "rejected: " + error if after is None else "accepted"
+            spec = "rejected: " + model_error if model_after is None else "accepted"
+            self.fail([event], "refines", f"reducer {reducer}; spec {spec}")
         if after is None:
             return False
         found = check_edge(self.state, event, after)
@@ -98,7 +105,7 @@ class SpecMachine(RuleBasedStateMachine):
                             scope.num_pages * scope.page_size)
         self.state = initial_state(geometry)
         self.model = abstract(self.state)
-        self.log: list[ev.Event] = []
+        self.log = []
         self.event_scope = Scope("machine", "event", scope.num_pages, scope.page_size,
                                  scope.num_rows, scope.vocab, max_depth=0, max_key_pages=2)
 
@@ -124,18 +131,21 @@ class SpecMachine(RuleBasedStateMachine):
             return
         size = self.state.geometry.page_size
         count = data.draw(boundary_lengths(size, max_pages=2), label="tokens")
-        position, slots, pages = record.allocated, [], []
+        position = record.allocated
+        slots: list[int] = []
+        pages: list[int] = []
         free = sorted(self.state.free_pages)
         for pos in range(position, position + count):
             if pos % size == 0:
                 if len(pages) == len(free):
-                    return
+                    break  # as much as fits
                 pages.append(free[len(pages)])
                 page = pages[-1]
             else:
                 page = pages[-1] if pages else record.pages[-1]
             slots.append(page * size + pos % size)
-        self.step(ev.Allocate(tuple(pages), ((request, tuple(slots)),)))
+        if slots:
+            self.step(ev.Allocate(tuple(pages), ((request, tuple(slots)),)))
 
     @rule(request=requests)
     def commit(self, request: int) -> None:
@@ -176,14 +186,42 @@ class SpecMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def lock_and_evict(self, data: st.DataObject) -> None:
-        """Lock one node, then try to evict every leaf (eviction under partial locks)."""
+        """Maybe lock one node, then try to evict every leaf (eviction under partial locks)."""
         nodes = sorted(n for n in self.state.nodes.keys() if n != ROOT)
         if not nodes:
             return
-        self.step(ev.Lock(data.draw(st.sampled_from(nodes), label="lock")))
+        if data.draw(st.booleans(), label="lock first"):
+            self.step(ev.Lock(data.draw(st.sampled_from(nodes), label="lock")))
         for node in nodes:
             if node in self.state.nodes and self.state.is_leaf(node):
                 self.step(ev.Evict((node,), False))
+
+    @rule(data=st.data())
+    def lock_and_split(self, data: st.DataObject) -> None:
+        """Lock a multi-page node, then split it (locks must carry over to the new top)."""
+        size = self.state.geometry.page_size
+        nodes = sorted(n for n, node in self.state.nodes.items() if len(node.key) > size)
+        if not nodes:
+            return
+        node_id = data.draw(st.sampled_from(nodes), label="node")
+        self.step(ev.Lock(node_id))
+        cuts = list(range(size, len(self.state.nodes[node_id].key), size))
+        at = data.draw(st.sampled_from(cuts), label="at")
+        self.step(ev.Split(node_id, at, self.state.next_node_id, self.state.clock + 1))
+
+    @rule(request=requests, data=st.data())
+    def share_cached(self, request: int, data: st.DataObject) -> None:
+        """The request takes a reference on a cached tree page (a vLLM-style prefix hit)."""
+        record = self.state.requests.get(request)
+        size = self.state.geometry.page_size
+        if record is None or record.allocated % size:
+            return
+        pages = sorted(p for p in self.state.page_node.keys() if p not in record.pages)
+        if not pages:
+            return
+        page = data.draw(st.sampled_from(pages), label="page")
+        slots = tuple(page * size + k for k in range(size))
+        self.step(ev.Share(request, record.allocated, slots))
 
     # -- after every step ----------------------------------------------------------------
     @invariant()

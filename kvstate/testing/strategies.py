@@ -37,9 +37,9 @@ def token_sequences(vocab: int = 2, page_size: int = 1, *, max_pages: int = 3
         lambda n: st.tuples(*[st.integers(1, vocab)] * n))
 
 
-def machine_scopes(*, max_pages: int = 4, page_sizes: tuple[int, ...] = (1, 2, 4),
+def machine_scopes(*, max_pages: int = 5, page_sizes: tuple[int, ...] = (1, 2, 4),
                    max_rows: int = 3) -> st.SearchStrategy[MachineScope]:
-    return st.builds(MachineScope, num_pages=st.integers(1, max_pages),
+    return st.builds(MachineScope, num_pages=st.integers(2, max_pages),
                      page_size=st.sampled_from(page_sizes), num_rows=st.integers(1, max_rows),
                      vocab=st.integers(2, 3))
 

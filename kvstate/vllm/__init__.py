@@ -1,6 +1,15 @@
-"""vLLM V1 front end for kvstate: byte-compatible block hashing and KV events.
+"""vLLM V1 front end for kvstate: vLLM 0.33's block pool and KV-cache manager on the
+block-mode core, byte-compatible block hashing and KV events.
 
-Submodules (import them directly):
+Exported here: ``BlockPool``, ``KVCacheBlock``, ``KVCacheManager``,
+``KVCacheBlocks``, ``Request`` (see docs/vllm.md), and the hashing and event
+names below.  Submodules:
+
+* :mod:`kvstate.vllm.block_pool`, :mod:`kvstate.vllm.manager`,
+  :mod:`kvstate.vllm.request`, :mod:`kvstate.vllm.sliding_window` -- the front end;
+* :mod:`kvstate.vllm.events_bridge` -- core block events -> vLLM KV events;
+* :mod:`kvstate.vllm.importer` -- captured event streams -> core events;
+* :mod:`kvstate.vllm.explore` -- a search level for the explorer;
 
 * :mod:`kvstate.vllm.cbor` -- minimal canonical CBOR encoder;
 * :mod:`kvstate.vllm.hashing` -- ``sha256_cbor`` chained block hashes, ``NONE_HASH``;
@@ -12,6 +21,7 @@ Submodules (import them directly):
 
 from __future__ import annotations
 
+from kvstate.vllm.block_pool import BlockPool, KVCacheBlock
 from kvstate.vllm.hashing import (
     DEFAULT_NONE_HASH_SEED,
     HashAlgo,
@@ -34,10 +44,17 @@ from kvstate.vllm.kv_events import (
     decode_event_batch,
     encode_event_batch,
 )
+from kvstate.vllm.manager import KVCacheBlocks, KVCacheManager
+from kvstate.vllm.request import Request
 
 __all__ = [
     "DEFAULT_NONE_HASH_SEED",
     "AllBlocksCleared",
+    "BlockPool",
+    "KVCacheBlock",
+    "KVCacheBlocks",
+    "KVCacheManager",
+    "Request",
     "BlockRemoved",
     "BlockStored",
     "KVEventBatch",

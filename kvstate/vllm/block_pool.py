@@ -90,10 +90,11 @@ class BlockPool:
                             row_width=width_blocks * hash_block_size, mode="block")
         if engine is None:
             engine = Engine(geometry, keep_events=keep_events)
-        elif engine.state.seq == 0 and engine.geometry != geometry:
+        elif engine.state.seq == 0 and not engine.events and engine.geometry != geometry:
             engine.configure(num_pages=geometry.num_pages, page_size=geometry.page_size,
                              row_width=geometry.row_width, mode="block")
-        if engine.geometry.mode != "block" or engine.geometry.num_pages != num_gpu_blocks - 1:
+        if engine.geometry.mode != "block" or engine.geometry.num_pages != num_gpu_blocks - 1 \
+                or engine.geometry.page_size != hash_block_size:
             raise ValueError(f"engine geometry {engine.geometry} does not fit this pool")
         self.engine = engine
         self.blocks = [KVCacheBlock(block_id, self) for block_id in range(num_gpu_blocks)]

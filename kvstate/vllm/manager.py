@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from kvstate.engine import Engine
 from kvstate.events_block import BlockHold, BlockRelease
 from kvstate.state import ROOT
 from kvstate.vllm import sliding_window as swa
@@ -55,7 +56,8 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool = True, sliding_window: int | None = None,
                  enable_kv_cache_events: bool = False, hash_algo: HashAlgo = "sha256_cbor",
-                 hash_seed: str | int | None = None, *, keep_events: bool = True) -> None:
+                 hash_seed: str | int | None = None, *, keep_events: bool = True,
+                 engine: Engine | None = None) -> None:
         if sliding_window is not None and (isinstance(sliding_window, bool)
                                            or not isinstance(sliding_window, int)
                                            or sliding_window < 2):
@@ -72,7 +74,7 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks, enable_caching, block_size, enable_kv_cache_events,
                                     hash_seed=hash_seed, hash_algo=hash_algo,
                                     max_blocks_per_request=_cdiv(max_model_len, block_size) + 1,
-                                    keep_events=keep_events)
+                                    keep_events=keep_events, engine=engine)
         self.engine = self.block_pool.engine
         self.num_cached_block: dict[str, int] = {}
         self._paths: dict[str, list[int]] = {}

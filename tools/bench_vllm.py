@@ -1,0 +1,224 @@
+"""Benchmark: kvstate.vllm against vLLM 0.33's own BlockPool / KVCacheManager, same workload.
+
+    python tools/bench_vllm.py --peer-python $PEERS/venv-vllm/bin/python [--out docs/benchmarks-vllm.md]
+
+Both sides run this file's ``workloads`` (vLLM in a subprocess of the peer
+interpreter, CPU only), with KV-cache events enabled; kvstate also runs with a
+log ``Recorder`` attached (the event log recording on).  Reported:
+
+* allocate + free: ``get_new_blocks(k)`` then ``free_blocks`` (ns per block);
+* touch: ``touch`` of k cached free blocks (ns per block; the untimed free puts them back);
+* cache: ``cache_full_blocks`` of k fresh blocks (ns per block; untimed evict/free after);
+* hashing: building a request of 50k tokens, block size 16 (ns per token);
+* manager: a scheduler-like loop (admit with prefix hits, decode, free) (us per call).
+
+Each figure is the best (minimum) of ``--rounds`` x ``--repeat`` runs of ``time.perf_counter_ns``: the
+machine these run on is shared, and the minimum is the least disturbed run.  Both
+implementations see the same disturbance only on average, so compare ratios, not ns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+NUM_BLOCKS = 100_000
+BLOCK_SIZE = 16
+
+
+def _median_ns(run: Callable[[], int], repeat: int) -> float:
+    """Best of ``repeat`` runs (see the module docstring for why not the median)."""
+    return float(min(run() for _ in range(repeat)))
+
+
+def workloads(api: dict[str, Any], repeat: int) -> dict[str, float]:
+    """Run every workload through ``api`` (pool/manager/request factories); ns figures."""
+    out: dict[str, float] = {}
+    clock = time.perf_counter_ns
+    pool = api["pool"](NUM_BLOCKS)
+    for count in (16, 128, 1024):
+        def alloc_free(count: int = count) -> int:
+            start = clock()
+            blocks = pool.get_new_blocks(count)
+            pool.free_blocks(blocks)
+            return clock() - start
+        out[f"alloc+free x{count} (ns/block)"] = _median_ns(alloc_free, repeat) / count
+
+    count = 1024
+    request = api["request"]("bench", list(range(count * BLOCK_SIZE)))
+
+    def cache() -> int:
+        blocks = pool.get_new_blocks(count)
+        start = clock()
+        pool.cache_full_blocks(request, blocks, 0, count, BLOCK_SIZE, 0)
+        elapsed = clock() - start
+        pool.evict_blocks({b.block_id for b in blocks})
+        pool.free_blocks(blocks)
+        pool.take_events()
+        return elapsed
+    out[f"cache_full_blocks x{count} (ns/block)"] = _median_ns(cache, repeat) / count
+
+    cached = pool.get_new_blocks(count)
+    pool.cache_full_blocks(request, cached, 0, count, BLOCK_SIZE, 0)
+    pool.free_blocks(list(reversed(cached)))
+
+    def touch() -> int:
+        start = clock()
+        pool.touch(cached)
+        elapsed = clock() - start
+        pool.free_blocks(list(reversed(cached)))
+        return elapsed
+    out[f"touch x{count} cached free (ns/block)"] = _median_ns(touch, repeat) / count
+    pool.take_events()
+
+    tokens = list(range(50_000))
+
+    def hashing() -> int:
+        start = clock()
+        api["request"]("h", tokens)
+        return clock() - start
+    out["hash 50k tokens, bs 16 (ns/token)"] = _median_ns(hashing, repeat) / len(tokens)
+
+    def scheduler_loop() -> int:
+        manager = api["manager"](2048)
+        calls = 0
+        start = clock()
+        live: list[Any] = []
+        for index in range(200):
+            stem = [index % 7] * 64
+            req = api["request"](f"r{index}", stem + list(range(index, index + 40)))
+            blocks, hit, _ = manager.get_computed_blocks(req)
+            if manager.allocate_slots(req, req.num_tokens - hit, hit, blocks) is not None:
+                req.num_computed_tokens = req.num_tokens
+                live.append(req)
+            calls += 2
+            for running in live:
+                running.append_output_token_ids(index)
+                manager.allocate_slots(running, 1)
+                running.num_computed_tokens += 1
+                calls += 1
+            if len(live) > 16:
+                manager.free(live.pop(0))
+                calls += 1
+            manager.take_events()
+        return (clock() - start) // calls
+    out["manager loop (ns/call)"] = _median_ns(scheduler_loop, max(3, repeat // 5))
+    return out
+
+
+# -- vLLM side ---------------------------------------------------------------------------------
+def vllm_api() -> dict[str, Any]:
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256_cbor)
+    hasher = get_request_block_hasher(BLOCK_SIZE, sha256_cbor)
+    params = SamplingParams(max_tokens=1 << 20)
+
+    def manager(num_blocks: int) -> Any:
+        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1,
+                                 dtype=torch.float32)
+        config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                               kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+        return KVCacheManager(config, max_model_len=1 << 16, scheduler_block_size=BLOCK_SIZE,
+                              hash_block_size=BLOCK_SIZE, enable_caching=True,
+                              enable_kv_cache_events=True)
+
+    return {
+        "pool": lambda n: BlockPool(n, True, BLOCK_SIZE, enable_kv_cache_events=True),
+        "request": lambda rid, tokens: Request(rid, tokens, params, None, block_hasher=hasher),
+        "manager": manager,
+    }
+
+
+# -- kvstate side ------------------------------------------------------------------------------
+def kvstate_api(record_dir: str | None) -> dict[str, Any]:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from kvstate.log import Recorder
+    from kvstate.vllm.block_pool import BlockPool
+    from kvstate.vllm.manager import KVCacheManager
+    from kvstate.vllm.request import Request
+
+    recorders: list[Any] = []
+
+    def attach(target: Any) -> Any:
+        if record_dir is not None:
+            path = os.path.join(record_dir, f"run{len(recorders)}.kvlog")
+            recorders.append(Recorder(target, path, fsync=False))
+        return target
+
+    return {
+        "pool": lambda n: attach(BlockPool(n, True, BLOCK_SIZE, enable_kv_cache_events=True,
+                                           hash_seed="0", keep_events=False)),
+        "request": lambda rid, tokens: Request(rid, tokens, BLOCK_SIZE, hash_seed="0"),
+        "manager": lambda n: attach(KVCacheManager(n, BLOCK_SIZE, 1 << 16,
+                                                   enable_kv_cache_events=True, hash_seed="0",
+                                                   keep_events=False)),
+        "_recorders": recorders,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer-python", help="interpreter with vLLM 0.33 installed")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", help="write a Markdown table here")
+    parser.add_argument("--vllm-side", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.vllm_side:
+        json.dump(workloads(vllm_api(), args.repeat), sys.stdout)
+        return 0
+    results: dict[str, dict[str, float]] = {}
+
+    def keep_best(name: str, figures: dict[str, float]) -> None:
+        best = results.setdefault(name, {})
+        for key, value in figures.items():
+            best[key] = min(value, best.get(key, value))
+
+    env = dict(os.environ, PYTHONWARNINGS="ignore", VLLM_LOGGING_LEVEL="ERROR")
+    for _ in range(args.rounds):  # interleaved, so both sides see the same machine load
+        if args.peer_python:
+            proc = subprocess.run([args.peer_python, os.path.abspath(__file__), "--vllm-side",
+                                   "--repeat", str(args.repeat)], capture_output=True, text=True,
+                                  env=env)
+            if proc.returncode != 0:
+                print(proc.stderr[-3000:], file=sys.stderr)
+                return 2
+            keep_best("vLLM 0.33", json.loads(proc.stdout))
+        keep_best("kvstate (events on)", workloads(kvstate_api(None), args.repeat))
+        with tempfile.TemporaryDirectory() as workdir:
+            api = kvstate_api(workdir)
+            keep_best("kvstate (events + log recorder)", workloads(api, args.repeat))
+            for recorder in api["_recorders"]:
+                recorder.close()
+    names = list(results)
+    rows = [f"| workload | {' | '.join(names)} |", "|---|" + "---:|" * len(names)]
+    for key in results[names[-1]]:
+        rows.append(f"| {key} | " + " | ".join(f"{results[n][key]:,.0f}" for n in names) + " |")
+    table = "\n".join(rows)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(f"<!-- generated by tools/bench_vllm.py on {platform.python_version()}, "
+                         f"{platform.machine()} -->\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
