@@ -15,12 +15,35 @@ from kvstate.state import DETACHED, ROOT, Geometry, State, initial_state
 
 __version__ = "0.1.0"
 
+# Front ends that need torch load on first use, so ``import kvstate`` stays light.
+_LAZY = {
+    "KVCacheManager": ("kvstate.kv_manager", "KVCacheManager"),
+    "ModeError": ("kvstate.kv_manager", "ModeError"),
+    "ReservationExceeded": ("kvstate.kv_manager", "ReservationExceeded"),
+    "TorchExecutor": ("kvstate.executor", "TorchExecutor"),
+}
+
+
+def __getattr__(name: str) -> object:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'kvstate' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(target[0]), target[1])
+    globals()[name] = value
+    return value
+
 __all__ = [
     "DETACHED",
     "ROOT",
     "Engine",
     "Geometry",
     "InvalidEvent",
+    "KVCacheManager",
+    "ModeError",
+    "ReservationExceeded",
+    "TorchExecutor",
     "ModelConfig",
     "OutOfMemory",
     "State",

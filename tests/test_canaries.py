@@ -32,7 +32,7 @@ CANARY_SCOPE = Scope("canary", "event", num_pages=2, page_size=1, num_rows=2, vo
                      max_depth=5, max_key_pages=2)
 PAGED_SCOPE = Scope("canary-paged", "event", num_pages=2, page_size=2, num_rows=2, vocab=2,
                     max_depth=5, max_key_pages=2)
-MACHINE_SETTINGS = settings(max_examples=300, stateful_step_count=30, deadline=None,
+MACHINE_SETTINGS = settings(max_examples=1000, stateful_step_count=30, deadline=None,
                             derandomize=True, database=None, phases=[Phase.generate],
                             report_multiple_bugs=False)
 
@@ -126,7 +126,7 @@ def touch_stamps_everything(core):
 
 
 def evict_ignores_locks(core):
-    """Evicting a node whose child is locked: no lock check, no leaf check."""
+    """Evicting a node whose child is locked: no lock or leaf check; the subtree goes too."""
     def rule(state, e):
         nodes, page_node, queue = state.nodes, state.page_node, state.free_pages
         for node_id in e.nodes:
@@ -135,11 +135,15 @@ def evict_ignores_locks(core):
             node = nodes[node_id]
             parent = nodes[node.parent]
             key = state.geometry.child_key(node.key)
-            parent = parent._replace(children=parent.children.delete(key))
-            nodes = nodes.delete(node_id).set(node.parent, parent)
-            for page in node.pages:
-                page_node = page_node.delete(page)
-            queue = queue.push_tail([p for p in node.pages if p not in state.holders])
+            nodes = nodes.set(node.parent, parent._replace(children=parent.children.delete(key)))
+            subtree = [node_id]
+            for member in subtree:
+                subtree.extend(nodes[member].children.values())
+            for member in subtree:
+                for page in nodes[member].pages:
+                    page_node = page_node.delete(page)
+                queue = queue.push_tail([p for p in nodes[member].pages if p not in state.holders])
+                nodes = nodes.delete(member)
         return state.with_changes(nodes=nodes, page_node=page_node, free_pages=queue)
     return rule
 

@@ -463,3 +463,38 @@ def test_host_pool_offload_and_load_roundtrip():
     assert torch.equal(executor.v_buffer[1][[2, 3, 8, 9]], -data)
     with pytest.raises(IndexError, match="outside 0..3"):
         host.offload([1], [4])
+
+
+def test_gather_kv_into_a_workspace():
+    engine, executor = _three_requests()
+    state = engine.state
+    k_out, v_out = torch.full((12, 2, 8), 7.0).half(), torch.full((12, 2, 8), 7.0).half()
+    k, v = executor.gather_kv(state, 1, 1, out=(k_out, v_out))
+    assert k.data_ptr() == k_out.data_ptr() and k.shape == (5, 2, 8)
+    assert torch.equal(k, executor.gather_kv(state, 1, 1)[0])
+    with pytest.raises(ValueError, match="out must be"):
+        executor.gather_kv(state, 1, 1, out=(k_out[:4], v_out[:4]))
+
+
+def test_raw_words_views_share_memory():
+    from kvstate.executor.buffers import raw_words
+
+    tensor = torch.zeros(2, 3, 4, dtype=torch.float16)
+    words = raw_words(tensor)
+    assert words.dtype == torch.int64 and words.shape == (2, 3, 1)
+    words[1, 2, 0] = -1
+    assert torch.isnan(tensor[1, 2]).all()
+    assert raw_words(torch.zeros(2, 3, 3, dtype=torch.float16)).dtype == torch.int16
+
+
+def test_mla_executor_integrity_through_prefix_sharing():
+    config = MLAConfig(num_layers=2, kv_lora_rank=8, qk_rope_head_dim=4)
+    engine = Engine(Geometry(num_pages=16, page_size=2, num_rows=6, row_width=64))
+    executor = MLATorchExecutor(config, 16, 2, device="cpu")
+    executor.attach(engine)
+    monitor = enable_integrity(executor)
+    _prefix_sharing_flow(engine)
+    report = monitor.verify()
+    assert report.ok, str(report)
+    k, v = executor.gather_kv(engine.state, 2, 0)
+    assert k.shape == (7, 12) and v.shape == (7, 8) and torch.equal(v, k[:, :8])

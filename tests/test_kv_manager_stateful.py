@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvstate import ModelConfig, check
 from kvstate.errors import OutOfMemory
-from kvstate.kv_manager import KVCacheManager, ReservationExceeded
+from kvstate.kv_manager import KVCacheManager, ModeError, ReservationExceeded
 
 LAYERS, WIDTH = 2, 2
 CONFIG = ModelConfig(num_layers=LAYERS, num_kv_heads=1, head_dim=WIDTH)
@@ -61,7 +61,8 @@ class BasicMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.manager = KVCacheManager(CONFIG, self.CAPACITY * LAYERS * LAYER_TOKEN_BYTES + 5)
+        self.manager = KVCacheManager(CONFIG, self.CAPACITY * LAYERS * LAYER_TOKEN_BYTES + 5,
+                                      mode="basic")
         self.reqs: dict[str, dict[str, Any]] = {}
 
     def reserved(self) -> int:
@@ -108,6 +109,11 @@ class BasicMachine(RuleBasedStateMachine):
     def free(self, rid: str) -> None:
         expect_call(lambda: self.manager.free(rid), KeyError if rid not in self.reqs else None)
         self.reqs.pop(rid, None)
+
+    @rule(rid=IDS, prompt=st.integers(0, 3))
+    def paged_calls_are_refused(self, rid: str, prompt: int) -> None:
+        expect_call(lambda: self.manager.allocate_paged(rid, prompt), ModeError)
+        expect_call(lambda: self.manager.enable_prefix_cache(), ModeError)
 
     @invariant()
     def agrees_with_the_model(self) -> None:
@@ -234,7 +240,8 @@ class PagedMachine(RuleBasedStateMachine):
     @rule(rid=IDS, layer=LAYER, key=VECTOR, value=VECTOR)
     def append(self, rid: str, layer: int, key: list[float], value: list[float]) -> None:
         req = self.reqs.get(rid)
-        call = lambda: self.manager.append_token_paged(rid, layer, key, value)  # noqa: E731
+        method = self.manager.append_token_paged if len(self.reqs) % 2 else self.manager.append_token
+        call = lambda: method(rid, layer, key, value)  # noqa: E731
         if req is None:
             expect_call(call, KeyError)
             return
@@ -289,6 +296,10 @@ class PagedMachine(RuleBasedStateMachine):
             prefix = self.prefixes[req["prefix"]]
             prefix["holders"].discard(rid)
             prefix["last_use"] = self.tick
+
+    @rule(rid=IDS, prompt=st.integers(1, 3))
+    def basic_calls_are_refused(self, rid: str, prompt: int) -> None:
+        expect_call(lambda: self.manager.allocate(rid, prompt, 1), ModeError)
 
     # -- checks ----------------------------------------------------------------------------
     def expected_kv(self, req: dict[str, Any], layer: int) -> list[Any]:

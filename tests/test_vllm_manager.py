@@ -257,3 +257,14 @@ def test_events_encode_in_map_form() -> None:
     batch = KVEventBatch(1.0, manager.take_events(), 0)
     assert decode_event_batch(encode_event_batch(batch)) == batch
     assert decode_event_batch(encode_event_batch(batch, format="array")) == batch
+
+
+def test_hashes_are_recomputed_from_the_tree_for_a_restored_state() -> None:
+    manager = KVCacheManager(1600, 1, 4096)
+    request = Request("long", list(range(1500)), 1)
+    admit(manager, request)
+    restored = BlockPool(1600, True, 1, max_blocks_per_request=4098,
+                         engine=Engine(state=manager.engine.state))
+    last = manager.get_block_ids("long")[0][1498]
+    assert restored.blocks[last].block_hash == manager.block_pool.blocks[last].block_hash
+    assert restored.get_cached_block(request.block_hashes[1498], [0]) is not None

@@ -137,17 +137,23 @@ def write_cycle_log(path: Path, events: int) -> None:
     writer.close(b"\0" * 16)  # the end fingerprint is not checked by a decode-only read
 
 
+# VmHWM (this process's peak RSS, kB) rather than ru_maxrss, which Linux carries over
+# from the parent across fork + exec.
 MEMORY_CHILD = """
-import resource, sys, time
+import sys, time
 from kvstate.log import LogReader
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def hwm():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
+
+base = hwm()
 t0 = time.perf_counter()
 count = 0
 with LogReader(sys.argv[1]) as reader:
     for _ in reader.events():
         count += 1
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(count, base, peak, time.perf_counter() - t0)
+print(count, base, hwm(), time.perf_counter() - t0)
 """
 
 

@@ -28,6 +28,11 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + " ..."
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         with LogReader(args.a) as reader_a, LogReader(args.b) as reader_b:
@@ -52,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"same {result.events_a} events")
     else:
         print(f"first event divergence at event #{result.event_index}:")
-        print(f"  A: {result.event_a!r}" if result.event_a is not None else "  A: (log ended)")
-        print(f"  B: {result.event_b!r}" if result.event_b is not None else "  B: (log ended)")
+        print(f"  A: {_short(result.event_a)}" if result.event_a is not None else "  A: (log ended)")
+        print(f"  B: {_short(result.event_b)}" if result.event_b is not None else "  B: (log ended)")
     if result.state_index is None:
         print("states never differ")
     elif result.state_index < 0:

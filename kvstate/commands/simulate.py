@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvstate.simulate.driver import SimulationError, simulate
+from kvstate.simulate.driver import SimulationError, pages_needed, simulate
 from kvstate.simulate.output import write_results
 from kvstate.simulate.policies import PolicyError, load_policy
 from kvstate.simulate.settings import Granularity, SimulationResult, SimulationSettings
@@ -172,14 +172,19 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         first = next(iter(stream()), None)
-        request_count = sum(1 for _ in stream())
+        granularity: Granularity = args.granularity or (
+            "block" if first is not None and first.block_size else "token"
+        )
+        unit = first.block_size if granularity == "block" and first is not None else args.page_size
+        shape = SimulationSettings(capacity_tokens=1, granularity=granularity, page_size=args.page_size)
+        request_count = 0
+        page_bound = 0
+        for request in stream():
+            request_count += 1
+            page_bound += pages_needed((request,), shape, max(unit, 1))
     except TraceFormatError as error:
         print(f"kvstate simulate: {error}", file=sys.stderr)
         return 1
-    granularity: Granularity = args.granularity or (
-        "block" if first is not None and first.block_size else "token"
-    )
-    unit = first.block_size if granularity == "block" and first is not None else args.page_size
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     results: list[SimulationResult] = []
     for policy in policies:
@@ -199,7 +204,14 @@ def run(args: argparse.Namespace) -> int:
                 progress = (
                     _progress_printer(f"{policy} @ {tokens:,}", request_count) if show_progress else None
                 )
-                result = simulate(stream(), settings, request_count, record=args.record, progress=progress)
+                result = simulate(
+                    stream(),
+                    settings,
+                    request_count,
+                    record=args.record,
+                    progress=progress,
+                    page_bound=page_bound,
+                )
             except (SimulationError, ValueError) as error:
                 if isinstance(error, TraceFormatError):
                     print(f"kvstate simulate: {error}", file=sys.stderr)

@@ -84,7 +84,8 @@ class KVCacheManager:
         self._mode: str | None = None
         self._prefix_cache = False
         self._store: ValueStore | None = None
-        self.engine = Engine(self._geometry(PAGED))
+        # A one-page placeholder until the mode (and so the geometry) is chosen.
+        self.engine = Engine(Geometry(num_pages=1))
         if mode is not None:
             if mode not in (BASIC, PAGED):
                 raise ValueError(f"mode must be 'basic', 'paged' or None, got {mode!r}")

@@ -170,6 +170,23 @@ _FIELD_GETTERS: dict[type[Event], Callable[[Event], tuple[Any, ...]]] = {
 }
 
 
+def make_encoders(pack: Callable[[Any], bytes]) -> dict[type[Event], Callable[[Event], bytes]]:
+    """One generated function per event type: ``evt -> pack((tag, version, *fields))``.
+
+    Generated from the attrs fields so the per-event path is a single call
+    with direct attribute reads (the recorder's hot path).
+    """
+    encoders: dict[type[Event], Callable[[Event], bytes]] = {}
+    for cls in EVENT_TYPES.values():
+        names = [f.name for f in attrs.fields(cls)]  # type: ignore[arg-type]
+        fields = "".join(f"evt.{name}, " for name in names)
+        source = f"def encode(evt):\n    return pack(({cls.TAG!r}, {cls.VERSION!r}, {fields}))\n"
+        env: dict[str, Any] = {"pack": pack}
+        exec(source, env)  # noqa: S102 - generated from our own attrs schema
+        encoders[cls] = env["encode"]
+    return encoders
+
+
 def event_body(packer: msgpack.Packer, evt: Event) -> bytes:
     """``[tag, version, *fields]`` packed (tuples pack as msgpack arrays)."""
     cls = type(evt)

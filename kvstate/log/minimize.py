@@ -25,47 +25,31 @@ cache costs little).  Pure apart from ``minimize_file``'s file I/O.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from kvstate.errors import InvalidEvent
-from kvstate.events import (
-    Allocate,
-    Append,
-    Assign,
-    Event,
-    Evict,
-    Insert,
-    Lock,
-    ReqAlloc,
-    ReqFree,
-    Share,
-    Split,
-    Touch,
-    Truncate,
-    Unlock,
-)
+from kvstate.events import Event
 from kvstate.invariants import Violation, check
+from kvstate.log.candidates import (
+    Checker,
+    Signature,
+    created_nodes,
+    lifecycles,
+    project,
+    refused_signature,
+    replay_candidate,
+)
 from kvstate.log.format import DEFAULT_CHECKPOINT_EVERY, Checkpoint, EndRecord
 from kvstate.log.reader import LogReader
 from kvstate.log.writer import LogWriter, make_header
 from kvstate.reducer import apply
-from kvstate.state import ROOT, Geometry, State, initial_state
+from kvstate.state import Geometry, State, initial_state
 
-Checker = Callable[[State], list[Violation]]
-_NUMBER = re.compile(r"-?\d+")
-
-
-@attrs.frozen
-class Signature:
-    kind: str
-    check: str
-
-    def __str__(self) -> str:
-        return f"{self.kind} [{self.check}]"
+__all__ = ["MinimizeResult", "NoFailure", "Signature", "minimize_events", "minimize_file",
+           "refused_signature"]
 
 
 @attrs.frozen
@@ -81,131 +65,6 @@ class NoFailure(ValueError):
     """The log replays cleanly: there is nothing to minimize."""
 
 
-def refused_signature(evt: Event, precondition: str) -> Signature:
-    return Signature("invalid_event", f"{type(evt).__name__}: {_NUMBER.sub('#', precondition)}")
-
-
-# -- candidate replay with node-id repair ---------------------------------------------
-@attrs.define
-class _Outcome:
-    signature: Signature | None
-    events: list[Event]  # repaired events, through the failing one
-    states: list[State]  # states before each repaired event (and one after the last applied)
-
-
-def _remap(evt: Event, state: State, ids: dict[int, int | None]) -> Event | None:
-    """Rewrite node ids in ``evt`` for the candidate's state; None drops the event."""
-    def live(node: int) -> int | None:
-        new = ids.get(node, node)
-        return new if new is not None and (new == ROOT or new in state.nodes) else None
-
-    if isinstance(evt, Insert):
-        parent = live(evt.parent)
-        if parent is None:
-            return None
-        ids[evt.node] = state.next_node_id
-        return attrs.evolve(evt, parent=parent, node=state.next_node_id)
-    if isinstance(evt, Split):
-        node = live(evt.node)
-        if node is None:
-            return None
-        ids[evt.new_node] = state.next_node_id
-        return attrs.evolve(evt, node=node, new_node=state.next_node_id)
-    if isinstance(evt, (Touch, Evict)):
-        nodes = [n for n in (live(n) for n in evt.nodes) if n is not None]
-        if not nodes:
-            return None
-        return attrs.evolve(evt, nodes=tuple(nodes))
-    if isinstance(evt, (Lock, Unlock)):
-        node = live(evt.node)
-        return None if node is None else type(evt)(node)
-    return evt
-
-
-def _replay_candidate(start: State, events: Sequence[Event], dead: set[int],
-                      target: Signature | None, checker: Checker) -> _Outcome:
-    """Replay ``events`` from ``start`` until the first failure (repairing node ids)."""
-    ids: dict[int, int | None] = dict.fromkeys(dead)
-    state = start
-    out: list[Event] = []
-    states: list[State] = []
-    for original in events:
-        evt = _remap(original, state, ids)
-        if evt is None:
-            continue
-        states.append(state)
-        out.append(evt)
-        try:
-            state = apply(state, evt)
-        except InvalidEvent as exc:
-            return _Outcome(refused_signature(evt, exc.precondition), out, states)
-        violations = checker(state)
-        if violations:
-            states.append(state)
-            return _Outcome(Signature("invariant", violations[0].check), out, states)
-    states.append(state)
-    return _Outcome(None, out, states)
-
-
-def _created_nodes(events: Sequence[Event]) -> set[int]:
-    created = set()
-    for evt in events:
-        if isinstance(evt, Insert):
-            created.add(evt.node)
-        elif isinstance(evt, Split):
-            created.add(evt.new_node)
-    return created
-
-
-# -- request lifecycles ---------------------------------------------------------------
-def _lifecycles(events: Sequence[Event]) -> list[tuple[Any, int, int]]:
-    """``(request, first index, last index)`` from each ReqAlloc to its ReqFree (or the end)."""
-    open_at: dict[Any, int] = {}
-    spans = []
-    for index, evt in enumerate(events):
-        if isinstance(evt, ReqAlloc):
-            for request in evt.requests:
-                open_at[request] = index
-        elif isinstance(evt, ReqFree):
-            for request in evt.requests:
-                if request in open_at:
-                    spans.append((request, open_at.pop(request), index))
-    spans.extend((request, start, len(events) - 1) for request, start in open_at.items())
-    return sorted(spans, key=lambda span: span[1])
-
-
-def _without_request(evt: Event, request: Any) -> Event | None:
-    """``evt`` with ``request`` projected out; None when nothing is left."""
-    if isinstance(evt, (ReqAlloc, ReqFree)):
-        rest = tuple(r for r in evt.requests if r != request)
-        return type(evt)(rest) if rest else None
-    if isinstance(evt, (Assign, Share, Truncate)):
-        return None if evt.request == request else evt
-    if isinstance(evt, Append):
-        items = tuple(item for item in evt.items if item[0] != request)
-        return Append(items) if items else None
-    return evt
-
-
-def _project(events: Sequence[Event], request: Any, start: int, stop: int,
-             page_size: int) -> list[Event]:
-    out = list(events[:start])
-    for evt in events[start:stop + 1]:
-        if isinstance(evt, Allocate) and evt.items and any(i[0] == request for i in evt.items):
-            kept = tuple(i for i in evt.items if i[0] != request)
-            if not kept:
-                continue
-            mine = {slot // page_size for i in evt.items if i[0] == request for slot in i[1]}
-            theirs = {slot // page_size for i in kept for slot in i[1]}
-            out.append(Allocate(tuple(p for p in evt.pages if p not in mine or p in theirs), kept))
-            continue
-        projected = _without_request(evt, request)
-        if projected is not None:
-            out.append(projected)
-    out.extend(events[stop + 1:])
-    return out
-
-
 # -- the search ------------------------------------------------------------------------
 class _Search:
     def __init__(self, geometry: Geometry, events: Sequence[Event], checker: Checker,
@@ -214,7 +73,7 @@ class _Search:
         self.checker = checker
         self.max_tests = max_tests
         self.tests = 0
-        outcome = _replay_candidate(initial_state(geometry), events, set(), None, checker)
+        outcome = replay_candidate(initial_state(geometry), events, set(), None, checker)
         if outcome.signature is None:
             raise NoFailure("the events replay without a failure; nothing to minimize")
         self.target: Signature = outcome.signature
@@ -226,7 +85,7 @@ class _Search:
         if self.tests >= self.max_tests:
             return False
         self.tests += 1
-        outcome = _replay_candidate(self.states[first], candidate_suffix, dead, self.target,
+        outcome = replay_candidate(self.states[first], candidate_suffix, dead, self.target,
                                     self.checker)
         if outcome.signature != self.target:
             return False
@@ -239,21 +98,21 @@ class _Search:
 
     def drop_range(self, start: int, stop: int) -> bool:
         removed = self.events[start:stop]
-        return self.attempt(start, self.events[stop:], _created_nodes(removed))
+        return self.attempt(start, self.events[stop:], created_nodes(removed))
 
     def lifecycles(self) -> bool:
         """Try dropping each request's whole lifecycle, latest first."""
         shrunk = False
-        spans = _lifecycles(self.events)
+        spans = lifecycles(self.events)
         position = len(spans) - 1
         while position >= 0 and self.tests < self.max_tests:
             request, start, stop = spans[position]
             events = self.events
-            projected = _project(events, request, start, stop, self.geometry.page_size)
-            dead = _created_nodes(events[start:stop + 1]) - _created_nodes(projected[start:])
+            projected = project(events, request, start, stop, self.geometry.page_size)
+            dead = created_nodes(events[start:stop + 1]) - created_nodes(projected[start:])
             if self.attempt(start, projected[start:], dead):
                 shrunk = True
-                spans = _lifecycles(self.events)
+                spans = lifecycles(self.events)
                 position = min(position, len(spans)) - 1
             else:
                 position -= 1

@@ -238,9 +238,6 @@ class LogReader:
                                          self.records_read)
                 return
 
-    def _slow_frame(self) -> bytes:
-        return self._read_frame(self.max_record_bytes, "record")
-
     def _check_framing(self, item: Checkpoint | EndRecord, start: int) -> None:
         if isinstance(item, Checkpoint):
             if item.seq != self.events_read:

@@ -25,7 +25,6 @@ from typing import Any
 from kvstate.engine import Engine
 from kvstate.events import EVENT_TYPES, Event
 from kvstate.log.format import (
-    _FIELD_GETTERS,
     DEFAULT_CHECKPOINT_EVERY,
     FORMAT_VERSION,
     FRAME,
@@ -34,6 +33,7 @@ from kvstate.log.format import (
     auto_checkpoint_every,
     checkpoint_body,
     end_body,
+    make_encoders,
     new_packer,
     preamble,
 )
@@ -77,17 +77,25 @@ class LogWriter:
         self.count = 0  # events written
         self.closed = False
         self._packer = new_packer()
+        self._encoders = make_encoders(self._packer.pack)
         self._file = open(self.path, "wb", buffering=0)  # noqa: SIM115 - closed in close()
         self._buf = bytearray(preamble(header))
         self.flush()
 
     # -- records --------------------------------------------------------------
+    def encoder(self, cls: type[Event]) -> Callable[[Event], bytes]:
+        """The body encoder for an event type (``TypeError`` if it is not registered)."""
+        encode = self._encoders.get(cls)
+        if encode is None:
+            if cls.TAG not in EVENT_TYPES or EVENT_TYPES[cls.TAG] is not cls:
+                raise TypeError(f"{cls.__name__} is not a registered event type")
+            self._encoders = make_encoders(self._packer.pack)  # registered after we started
+            encode = self._encoders[cls]
+        return encode
+
     def write_event(self, evt: Event) -> None:
-        cls = type(evt)
-        getter = _FIELD_GETTERS.get(cls)
-        if getter is None:
-            raise TypeError(f"{cls.__name__} is not a registered event type")
-        body = self._packer.pack((cls.TAG, cls.VERSION, *getter(evt)))
+        encode = self._encoders.get(evt.__class__) or self.encoder(evt.__class__)
+        body = encode(evt)
         length = len(body)
         buf = self._buf
         buf += FRAME.pack(length, zlib.crc32(body, zlib.crc32(LENGTH.pack(length))))
@@ -243,13 +251,12 @@ class Recorder:
         is what the per-event recording cost is made of).
         """
         recorder = self
-        getters = _FIELD_GETTERS
         crc32 = zlib.crc32
         frame_pack = FRAME.pack
         length_pack = LENGTH.pack
         every = 0
         writer: LogWriter | None = None
-        pack: Callable[[Any], bytes] = bytes
+        encoders: dict[type[Event], Callable[[Event], bytes]] = {}
         extend: Callable[[bytes], None] = bytearray().extend
         buf = bytearray()
         limit = 0
@@ -257,19 +264,16 @@ class Recorder:
         length_crcs = [crc32(length_pack(length)) for length in range(1024)]
 
         def listener(evt: Event, state: State) -> None:
-            nonlocal writer, pack, extend, buf, limit, every, next_checkpoint
+            nonlocal writer, encoders, extend, buf, limit, every, next_checkpoint
             if writer is None:
                 # First event: the geometry is final now (front ends size the engine lazily).
                 writer = recorder.writer or recorder._open()
-                pack, buf, limit = writer._packer.pack, writer._buf, writer.flush_bytes
+                encoders, buf, limit = writer._encoders, writer._buf, writer.flush_bytes
                 extend = buf.extend
                 every = writer.header.checkpoint_every
                 next_checkpoint = (writer.count // every + 1) * every if every else -1
-            cls = evt.__class__
-            getter = getters.get(cls)
-            if getter is None:
-                raise TypeError(f"{cls.__name__} is not a registered event type")
-            body = pack((cls.TAG, cls.VERSION, *getter(evt)))
+            encode = encoders.get(evt.__class__) or writer.encoder(evt.__class__)
+            body = encode(evt)
             length = len(body)
             seed = length_crcs[length] if length < 1024 else crc32(length_pack(length))
             extend(frame_pack(length, crc32(body, seed)))

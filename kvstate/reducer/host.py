@@ -172,7 +172,9 @@ def host_free(state: TieredState, event: Event) -> TieredState:
 @_tier_rule(Insert)
 def insert(state: TieredState, event: Event) -> TieredState:
     assert isinstance(event, Insert)
-    child_key = state.core.geometry.child_key(event.key) if event.key else None
+    if not event.key:
+        return state.replace(core=_core(state, event))  # the core refuses an empty key
+    child_key = state.core.geometry.child_key(event.key)
     hidden = state.host.evicted_children.get((event.parent, child_key))
     if hidden is not None:
         raise Reject(f"host-only node {hidden} already starts with this key under node "
@@ -267,11 +269,12 @@ def _host_problems(state: TieredState) -> Iterator[str]:
             yield f"host-only node {node_id} is also in the device tree"
         if not record.key:
             yield f"host-only node {node_id} lost its key"
+            continue
         if node_id not in host.backup:
             yield f"host-only node {node_id} has no host copy"
         if record.parent != ROOT and record.parent not in core.nodes and record.parent not in host.evicted:
             yield f"host-only node {node_id} hangs off missing parent {record.parent}"
-        child_key = core.geometry.child_key(record.key) if record.key else None
+        child_key = core.geometry.child_key(record.key)
         if host.evicted_children.get((record.parent, child_key)) != node_id:
             yield f"host-only node {node_id} is not indexed under its parent"
         parent = core.nodes.get(record.parent)

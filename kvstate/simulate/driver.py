@@ -80,7 +80,15 @@ class TraceSimulator:
     Owns its ``Engine`` and policy object; each instance runs once.
     """
 
-    def __init__(self, settings: SimulationSettings, unit_tokens: int, trace_name: str) -> None:
+    def __init__(
+        self,
+        settings: SimulationSettings,
+        unit_tokens: int,
+        trace_name: str,
+        page_bound: int | None = None,
+    ) -> None:
+        """``page_bound``: most pages the trace can ever occupy (``pages_needed``); a larger
+        capacity behaves identically, so the pool is built no larger than that."""
         self.settings = settings
         self.unit_tokens = unit_tokens
         self.trace_name = trace_name
@@ -90,7 +98,9 @@ class TraceSimulator:
             raise SimulationError(
                 f"capacity {settings.capacity_tokens} tokens is less than one page of {unit_tokens}"
             )
-        self.engine = Engine(Geometry(num_pages=self.capacity_pages, page_size=page_size), keep_events=False)
+        self.pool_pages = self.capacity_pages if page_bound is None else min(self.capacity_pages, page_bound)
+        self.pool_pages = max(self.pool_pages, 1)
+        self.engine = Engine(Geometry(num_pages=self.pool_pages, page_size=page_size), keep_events=False)
         self.policy: EvictionPolicy = load_policy(settings.policy)
         self.page_size = page_size
         self.counters = _Counters()
@@ -116,7 +126,7 @@ class TraceSimulator:
             return False
         self._commit(plan)
         state = self.engine.state
-        self.counters.peak = max(self.counters.peak, self.capacity_pages - len(state.free_pages))
+        self.counters.peak = max(self.counters.peak, self.pool_pages - len(state.free_pages))
         return True
 
     def _split_to_pages(self, key: Sequence[int]) -> None:
@@ -185,7 +195,12 @@ class TraceSimulator:
                 owned = len(full_key) if self.settings.cache_output else len(key)
             else:
                 counters.retracted += 1
-        if not counters.filled and not measured and len(self.engine.state.free_pages) == 0:
+        if (
+            not counters.filled
+            and not measured
+            and self.pool_pages == self.capacity_pages
+            and len(self.engine.state.free_pages) == 0
+        ):
             counters.filled = True
         self._release(cursor, full_key, len(key), owned, checkpoint=True)
         if self.settings.eviction_unit == "page":
@@ -260,17 +275,20 @@ def simulate(
     *,
     record: str | Path | None = None,
     progress: ProgressCallback | None = None,
+    page_bound: int | None = None,
 ) -> SimulationResult:
     """Run one capacity point over ``requests`` (consumed once, streamed).
 
     ``request_count`` is the stream's length (the warmup window needs it).
     With ``record`` every event is written to a kvstate log at that path.
+    ``page_bound`` (see ``pages_needed``) caps the pool actually built, which
+    keeps "infinite" capacities cheap without changing any result.
     """
     iterator = iter(requests)
     first = next(iterator, None)
     unit = unit_tokens_for(settings, first)
     name = first.source if first is not None else ""
-    simulator = TraceSimulator(settings, unit, name)
+    simulator = TraceSimulator(settings, unit, name, page_bound)
     stream: Iterable[TraceRequest] = [] if first is None else _chain_first(first, iterator)
     if record is None:
         return simulator.run(stream, request_count, progress)
@@ -284,3 +302,17 @@ def simulate(
 def _chain_first(first: TraceRequest, rest: Iterable[TraceRequest]) -> Iterable[TraceRequest]:
     yield first
     yield from rest
+
+
+def pages_needed(requests: Iterable[TraceRequest], settings: SimulationSettings, unit_tokens: int) -> int:
+    """An upper bound on the pages a run can occupy: every page of every request, once.
+
+    A pool this large never evicts, so any larger capacity gives the same result.
+    """
+    total = 0
+    for request in requests:
+        if settings.granularity == "block":
+            total += -(-(request.prompt_length + request.output_length) // unit_tokens) + 1
+        else:
+            total += -(-request.prompt_length // unit_tokens) + -(-request.output_length // unit_tokens) + 1
+    return total

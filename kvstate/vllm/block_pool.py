@@ -217,6 +217,7 @@ class BlockPool:
         if path is not None and num_cached and len(path) >= num_cached \
                 and path[num_cached - 1] in nodes:
             current, first = path[num_cached - 1], num_cached
+            del path[num_cached:]
         else:
             while first < num_cached:
                 child = nodes[current].children.get(keys[first])

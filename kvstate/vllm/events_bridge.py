@@ -68,14 +68,20 @@ class NodeHashes:
         known = self.digest.get(node_id)
         if known is not None or node_id == ROOT:
             return known
-        node = state.nodes.get(node_id)
-        if node is None:
-            return None
-        parent = self.digest_of(node.parent, state) if node.parent != ROOT else self.none_hash
-        value = hash_block_tokens(parent, node.key, node.extra, hash_seed=self.hash_seed,
-                                  hash_algo=self.hash_algo)
-        self._remember(node_id, node.parent, value)
-        return value
+        missing: list[int] = []  # walk up to a known ancestor (iteratively: chains are long)
+        current = node_id
+        while current != ROOT and current not in self.digest:
+            if current not in state.nodes:
+                return None
+            missing.append(current)
+            current = state.nodes[current].parent
+        parent = self.none_hash if current == ROOT else self.digest[current]
+        for current in reversed(missing):
+            node = state.nodes[current]
+            parent = hash_block_tokens(parent, node.key, node.extra, hash_seed=self.hash_seed,
+                                       hash_algo=self.hash_algo)
+            self._remember(current, node.parent, parent)
+        return parent
 
     def _remember(self, node_id: int, parent_id: int, value: bytes) -> None:
         self.digest[node_id] = value

@@ -1,0 +1,175 @@
+"""Candidate operations for delta debugging: failure signatures, node-id repair, lifecycles.
+
+A candidate is the current event list with some events removed or a
+request projected out.  ``replay_candidate`` replays it from a cached state
+and *repairs* it on the way: node ids are renumbered to what the reducer
+hands out, references to nodes that no longer exist are dropped from
+``Touch``/``Evict`` (an event left empty goes), and the first failure is
+reported as a ``Signature``.  Pure: every function returns new values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from kvstate.errors import InvalidEvent
+from kvstate.events import (
+    Allocate,
+    Append,
+    Assign,
+    Event,
+    Evict,
+    Insert,
+    Lock,
+    ReqAlloc,
+    ReqFree,
+    Share,
+    Split,
+    Touch,
+    Truncate,
+    Unlock,
+)
+from kvstate.invariants import Violation
+from kvstate.reducer import apply
+from kvstate.state import ROOT, State
+
+Checker = Callable[[State], list[Violation]]
+_NUMBER = re.compile(r"-?\d+")
+
+
+@attrs.frozen
+class Signature:
+    kind: str
+    check: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} [{self.check}]"
+
+
+def refused_signature(evt: Event, precondition: str) -> Signature:
+    return Signature("invalid_event", f"{type(evt).__name__}: {_NUMBER.sub('#', precondition)}")
+
+
+# -- candidate replay with node-id repair ---------------------------------------------
+@attrs.define
+class Outcome:
+    signature: Signature | None
+    events: list[Event]  # repaired events, through the failing one
+    states: list[State]  # states before each repaired event (and one after the last applied)
+
+
+def remap(evt: Event, state: State, ids: dict[int, int | None]) -> Event | None:
+    """Rewrite node ids in ``evt`` for the candidate's state; None drops the event."""
+    def live(node: int) -> int | None:
+        new = ids.get(node, node)
+        return new if new is not None and (new == ROOT or new in state.nodes) else None
+
+    if isinstance(evt, Insert):
+        parent = live(evt.parent)
+        if parent is None:
+            return None
+        ids[evt.node] = state.next_node_id
+        return attrs.evolve(evt, parent=parent, node=state.next_node_id)
+    if isinstance(evt, Split):
+        node = live(evt.node)
+        if node is None:
+            return None
+        ids[evt.new_node] = state.next_node_id
+        return attrs.evolve(evt, node=node, new_node=state.next_node_id)
+    if isinstance(evt, (Touch, Evict)):
+        nodes = [n for n in (live(n) for n in evt.nodes) if n is not None]
+        if not nodes:
+            return None
+        return attrs.evolve(evt, nodes=tuple(nodes))
+    if isinstance(evt, (Lock, Unlock)):
+        node = live(evt.node)
+        return None if node is None else type(evt)(node)
+    return evt
+
+
+def replay_candidate(start: State, events: Sequence[Event], dead: set[int],
+                      target: Signature | None, checker: Checker) -> Outcome:
+    """Replay ``events`` from ``start`` until the first failure (repairing node ids)."""
+    ids: dict[int, int | None] = dict.fromkeys(dead)
+    state = start
+    out: list[Event] = []
+    states: list[State] = []
+    for original in events:
+        evt = remap(original, state, ids)
+        if evt is None:
+            continue
+        states.append(state)
+        out.append(evt)
+        try:
+            state = apply(state, evt)
+        except InvalidEvent as exc:
+            return Outcome(refused_signature(evt, exc.precondition), out, states)
+        violations = checker(state)
+        if violations:
+            states.append(state)
+            return Outcome(Signature("invariant", violations[0].check), out, states)
+    states.append(state)
+    return Outcome(None, out, states)
+
+
+def created_nodes(events: Sequence[Event]) -> set[int]:
+    created = set()
+    for evt in events:
+        if isinstance(evt, Insert):
+            created.add(evt.node)
+        elif isinstance(evt, Split):
+            created.add(evt.new_node)
+    return created
+
+
+# -- request lifecycles ---------------------------------------------------------------
+def lifecycles(events: Sequence[Event]) -> list[tuple[Any, int, int]]:
+    """``(request, first index, last index)`` from each ReqAlloc to its ReqFree (or the end)."""
+    open_at: dict[Any, int] = {}
+    spans = []
+    for index, evt in enumerate(events):
+        if isinstance(evt, ReqAlloc):
+            for request in evt.requests:
+                open_at[request] = index
+        elif isinstance(evt, ReqFree):
+            for request in evt.requests:
+                if request in open_at:
+                    spans.append((request, open_at.pop(request), index))
+    spans.extend((request, start, len(events) - 1) for request, start in open_at.items())
+    return sorted(spans, key=lambda span: span[1])
+
+
+def _without_request(evt: Event, request: Any) -> Event | None:
+    """``evt`` with ``request`` projected out; None when nothing is left."""
+    if isinstance(evt, (ReqAlloc, ReqFree)):
+        rest = tuple(r for r in evt.requests if r != request)
+        return type(evt)(rest) if rest else None
+    if isinstance(evt, (Assign, Share, Truncate)):
+        return None if evt.request == request else evt
+    if isinstance(evt, Append):
+        items = tuple(item for item in evt.items if item[0] != request)
+        return Append(items) if items else None
+    return evt
+
+
+def project(events: Sequence[Event], request: Any, start: int, stop: int,
+             page_size: int) -> list[Event]:
+    out = list(events[:start])
+    for evt in events[start:stop + 1]:
+        if isinstance(evt, Allocate) and evt.items and any(i[0] == request for i in evt.items):
+            kept = tuple(i for i in evt.items if i[0] != request)
+            if not kept:
+                continue
+            mine = {slot // page_size for i in evt.items if i[0] == request for slot in i[1]}
+            theirs = {slot // page_size for i in kept for slot in i[1]}
+            out.append(Allocate(tuple(p for p in evt.pages if p not in mine or p in theirs), kept))
+            continue
+        projected = _without_request(evt, request)
+        if projected is not None:
+            out.append(projected)
+    out.extend(events[stop + 1:])
+    return out

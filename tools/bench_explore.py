@@ -1,0 +1,39 @@
+"""Explorer throughput: ``python -m tools.bench_explore [--scopes a,b] [--depth N]``.
+
+Runs each scope with the proposed reducer fixes installed, with and without
+the spec-model check, and prints one markdown row per run: unique states,
+edges, wall and CPU seconds, states per wall second and per CPU second
+(CPU time is the number to compare on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvstate.checking import run_check
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_explore")
+    parser.add_argument("--scopes", default="tiny,paged,tree,core6,planner")
+    parser.add_argument("--depth", type=int, default=None)
+    args = parser.parse_args(argv)
+    from tests.spec_fixes import install
+
+    install()
+    print("| scope | model | states | edges | wall s | CPU s | states/s (wall) | states/CPU-s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name in args.scopes.split(","):
+        for model in (True, False):
+            report = run_check(name, max_depth=args.depth, check_model=model, log_dir=None)
+            status = "" if report.ok else " (FAILED)"
+            rate = report.unique_states / report.cpu_seconds if report.cpu_seconds else 0.0
+            print(f"| {name}{status} | {'on' if model else 'off'} | {report.unique_states} | "
+                  f"{report.edges} | {report.seconds:.2f} | {report.cpu_seconds:.2f} | "
+                  f"{report.states_per_second:.0f} | {rate:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
