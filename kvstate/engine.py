@@ -77,10 +77,9 @@ class Engine:
             raise RuntimeError("plan was computed from a different state than the engine's")
         if plan.events:
             if self._listeners:
-                # Replay on the way so listeners see the state after each event.
-                state = self._state
-                for event in plan.events:
-                    state = reduce(state, event)
+                # Listeners see the state after each event (the plan kept them all).
+                states = plan.states or _replayed(self._state, plan.events)
+                for event, state in zip(plan.events, states, strict=True):
                     self._state = state
                     self._record(event, state)
                 return plan.result
@@ -94,6 +93,14 @@ class Engine:
             self._events.append(event)
         for listener in self._listeners:
             listener(event, state)
+
+
+def _replayed(state: State, events: Sequence[Event]) -> list[State]:
+    out = []
+    for event in events:
+        state = reduce(state, event)
+        out.append(state)
+    return out
 
 
 def _geometry_fields(geometry: Geometry) -> dict[str, Any]:

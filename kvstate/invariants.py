@@ -123,6 +123,19 @@ def _tree_sizes(state: State) -> Iterator[str]:
         yield "the root must exist with an empty key and lock_ref 1"
 
 
+@_named("leaf_index")
+def _leaf_index(state: State) -> Iterator[str]:
+    """The evictable-leaf index equals the unlocked childless nodes below the root (radix mode)."""
+    if state.geometry.mode != "radix":
+        return
+    expected = {n for n, node in state.nodes.items()
+                if n != ROOT and node.lock_ref == 0 and not node.children}
+    actual = set(state.leaves.keys())
+    if actual != expected:
+        yield (f"leaf index is off: missing {sorted(expected - actual)[:8]}, "
+               f"extra {sorted(actual - expected)[:8]}")
+
+
 @_named("lock_monotonic")
 def _lock_monotonic(state: State) -> Iterator[str]:
     """lock_ref(parent) >= lock_ref(child) below the root; no negative locks."""

@@ -21,6 +21,7 @@ in the explorer) costs nothing.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any, NamedTuple
@@ -131,6 +132,9 @@ class State:
     next_node_id: int
     evictable_size: int
     protected_size: int
+    # Derived index (not part of the fingerprint): unlocked childless nodes below
+    # the root, maintained by the radix-mode tree rules so eviction never scans.
+    leaves: Map[int, None] = attrs.field(factory=Map)
     _fingerprint: list[bytes] = attrs.field(factory=list, repr=False, alias="_fingerprint")
 
     # -- identity ---------------------------------------------------------
@@ -197,11 +201,15 @@ class State:
 
     def with_changes(self, **changes: Any) -> State:
         """A new state with ``changes`` and a fresh fingerprint cache (hot path: no evolve)."""
-        get = changes.get
-        return State(*[get(name, getattr(self, name)) for name in _STATE_FIELDS])
+        values = list(_FIELD_GETTER(self))
+        for name, value in changes.items():
+            values[_FIELD_INDEX[name]] = value
+        return State(*values)
 
 
 _STATE_FIELDS = tuple(f.name for f in attrs.fields(State) if f.name != "_fingerprint")
+_FIELD_GETTER = operator.attrgetter(*_STATE_FIELDS)
+_FIELD_INDEX = {name: index for index, name in enumerate(_STATE_FIELDS)}
 
 
 def expand_pages(pages: Sequence[int], page_size: int) -> tuple[int, ...]:

@@ -395,6 +395,8 @@ def _lock(m: ModelState, e: Any) -> None:
 
 def _unlock(m: ModelState, e: Any) -> None:
     _require(e.node in m.nodes, f"unknown node {e.node}")
+    if e.node == ROOT:
+        return  # like Lock(ROOT): the root is locked once, forever; nothing moves
     below = sum(m.nodes[c].lock_ref for c in m.children(e.node))
     _require(m.nodes[e.node].lock_ref - below > 0,
              f"node {e.node} holds no lock of its own (its locks belong to its descendants)")

@@ -179,9 +179,46 @@ def touch_moves_clock_back(core):
     return rule
 
 
-def fix_removed(event_type):
-    """The core's own rule without the proposed fix (findings F1 and F5)."""
-    return lambda core: core
+def evict_ignores_mapping(core):
+    """Eviction checks locks and leaves but not whether a request still maps the pages (F1)."""
+    def rule(state, e):
+        for node_id in e.nodes:
+            node = state.nodes.get(node_id)
+            if node_id == 0 or node is None or node.lock_ref or len(node.children):
+                return core(state, e)  # let the real rule reject it
+        nodes, page_node, queue = state.nodes, state.page_node, state.free_pages
+        for node_id in e.nodes:
+            node = nodes[node_id]
+            if node.lock_ref or len(node.children):
+                raise Reject(f"node {node_id} is locked or not a leaf")
+            parent = nodes[node.parent]
+            key = state.geometry.child_key(node.key)
+            parent = parent._replace(children=parent.children.delete(key))
+            nodes = nodes.delete(node_id).set(node.parent, parent)
+            for page in node.pages:
+                page_node = page_node.delete(page)
+            queue = queue.push_tail([p for p in node.pages if p not in state.holders])
+        return state.with_changes(nodes=nodes, page_node=page_node, free_pages=queue)
+    return rule
+
+
+def share_allows_mapped_page(core):
+    """Share accepts a page the request already maps (F5): one slot at two positions."""
+    def rule(state, e):
+        record = state.requests.get(e.request)
+        size = state.geometry.page_size
+        pages = sorted({slot // size for slot in e.slots})
+        if record is None or not pages or any(p not in record.pages for p in pages):
+            return core(state, e)
+        holders = state.holders
+        for page in pages:
+            held = holders.get(page, ())
+            if e.request not in held:
+                holders = holders.set(page, (*held, e.request))
+        grown = Request(record.pages.extend(pages), record.allocated + len(e.slots),
+                        record.committed)
+        return state.with_changes(holders=holders, requests=state.requests.set(e.request, grown))
+    return rule
 
 
 EVENT_CANARIES: dict[str, tuple[str, type[ev.Event], Callable, Scope]] = {
@@ -194,9 +231,10 @@ EVENT_CANARIES: dict[str, tuple[str, type[ev.Event], Callable, Scope]] = {
     "split-drops-lock-ref": ("lock_monotonic", ev.Split, split_drops_lock_ref, CANARY_SCOPE),
     "insert-skips-child-index": ("node_shape", ev.Insert, insert_skips_child_index, CANARY_SCOPE),
     "allocate-overcounts": ("request_lengths", ev.Allocate, allocate_overcounts, CANARY_SCOPE),
-    "evict-mapped-page (F1)": ("table_refs_live", ev.Evict, fix_removed(ev.Evict), CANARY_SCOPE),
+    "evict-mapped-page (F1)": ("table_refs_live", ev.Evict, evict_ignores_mapping, CANARY_SCOPE),
     "touch-keeps-clock": ("clock", ev.Touch, touch_keeps_clock, CANARY_SCOPE),
-    "share-page-twice (F5)": ("table_injective", ev.Share, fix_removed(ev.Share), CANARY_SCOPE),
+    "share-page-twice (F5)": ("table_injective", ev.Share, share_allows_mapped_page,
+                              CANARY_SCOPE),
     "touch-stamps-unnamed-nodes": ("frame", ev.Touch, touch_stamps_everything, CANARY_SCOPE),
     "evict-node-with-locked-child": ("evict_locked", ev.Evict, evict_ignores_locks, CANARY_SCOPE),
     "free-changes-other-tables": ("free_isolation", ev.ReqFree, req_free_truncates_others,
@@ -217,8 +255,6 @@ def broken(request, monkeypatch):
     target, event_type, factory, _ = EVENT_CANARIES[request.param]
     saved = dict(HANDLERS)
     fixed = _wrap(saved) if needed() else {}
-    if factory.__name__ == "<lambda>":  # the finding's own canary: the unfixed core rule
-        fixed.pop(event_type, None)
     monkeypatch.setattr("kvstate.reducer.HANDLERS", HANDLERS)
     HANDLERS.update(fixed)
     HANDLERS[event_type] = factory(HANDLERS[event_type] if event_type not in fixed
@@ -340,3 +376,15 @@ def test_sglang_machine_catches_lock_not_released_on_finish(monkeypatch):
     monkeypatch.setattr(radix_cache, "plan_release", _release_keeps_lock(radix_cache.plan_release))
     with pytest.raises(AssertionError):
         run_state_machine_as_test(SGLangModelMachine, settings=SGLANG_SETTINGS)
+
+
+def test_explorer_catches_wrong_prefix_hit(monkeypatch, fixed_core):
+    """A match that compares only lengths, not tokens: a prefix hit on someone else's KV."""
+    import kvstate.planner.tree_ops as tree_ops
+
+    monkeypatch.setattr(tree_ops, "common_prefix", lambda a, b: min(len(a), len(b)))
+    scope = Scope("canary-planner", "planner", num_pages=4, page_size=1, num_rows=2, vocab=2,
+                  max_depth=3, kinds=("admit", "finish"), prompt_lengths=(3,), symmetry=False)
+    report = explore(PlannerLevel(scope, check_model=False), probes=())
+    assert report.violation is not None
+    assert report.violation.names == ("prefix_hits_match_tokens",)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -253,3 +254,57 @@ def test_block_granularity_needs_hashes(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["simulate", str(trace), "--capacity", "1k", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert (record["granularity"], record["block_size"], record["hit_rate_tokens"]) == ("token", 16, 0.0)
+
+
+# --- continuous batching (--max-running) ------------------------------------------------------
+
+
+def at_time_zero(requests: list[TraceRequest]) -> list[TraceRequest]:
+    return [attrs.evolve(request, arrival_s=0.0) for request in requests]
+
+
+def test_batching_with_spaced_arrivals_equals_one_at_a_time() -> None:
+    requests = requests_from([[0, 0], [0, 0], [0, 0], [1, 0], [2, 0], [0, 0]], [BLOCK] * 6, outputs=3)
+    alone = simulate(requests, SimulationSettings(capacity_tokens=4 * BLOCK), 6)
+    batched = simulate(requests, SimulationSettings(capacity_tokens=4 * BLOCK, max_running=4), 6)
+    assert (alone.hit_tokens, batched.hit_tokens) == (16, 16)
+    assert batched.waited_requests == 0 and batched.requests == 6
+    assert "max_running 4" in batched.definition
+
+
+def test_overlapping_requests_miss_the_prefix_a_running_request_has_not_cached_yet() -> None:
+    requests = at_time_zero(requests_from([[0], [0]], [BLOCK, BLOCK], outputs=4))
+    roomy = 100 * BLOCK
+    together = simulate(requests, SimulationSettings(capacity_tokens=roomy, max_running=2), 2)
+    one_slot = simulate(requests, SimulationSettings(capacity_tokens=roomy, max_running=1), 2)
+    assert together.hit_tokens == 0  # both admitted in the same iteration
+    assert one_slot.hit_tokens == BLOCK  # the second waits for a running slot, then hits
+    assert one_slot.waited_requests == 0  # waiting for a slot is not waiting for room
+
+
+def test_a_request_waits_for_room_then_hits_what_the_first_cached() -> None:
+    # 3 pages.  A = [1,2] + 4 output tokens needs 3 pages; B = [1,3] arrives together and
+    # cannot get 2 pages while A runs, so it waits, then reuses A's cached block 1.
+    requests = at_time_zero(requests_from([[0, 0], [0, 1]], [BLOCK, BLOCK], outputs=4))
+    result = simulate(requests, SimulationSettings(capacity_tokens=3 * BLOCK, max_running=2), 2)
+    assert (result.waited_requests, result.retracted_requests, result.rejected_requests) == (1, 0, 0)
+    assert (result.hit_tokens, result.total_tokens) == (BLOCK, 4 * BLOCK)
+    assert result.peak_pages == 3
+
+
+def test_decode_that_cannot_get_a_page_retracts() -> None:
+    # 2 pages; A and B (different prompts) are admitted together, one page each; A's first
+    # output token needs a second page and nothing is evictable, so A is retracted.
+    requests = at_time_zero(requests_from([[0], [1]], [BLOCK, BLOCK], outputs=2))
+    result = simulate(requests, SimulationSettings(capacity_tokens=2 * BLOCK, max_running=2), 2)
+    assert result.retracted_requests == 1
+    assert result.rejected_requests == 0 and result.requests == 2
+
+
+def test_cli_max_running_reports_waits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_trace(tmp_path / "t.jsonl")
+    assert main(["simulate", str(trace), "--capacity", "100k", "--max-running", "3", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert (record["max_running"], record["step_ms"], record["waited_requests"]) == (3, 20.0, 0)
+    assert main(["simulate", str(trace), "--capacity", "100k", "--max-running", "0"]) == 2
+    assert "max_running" in capsys.readouterr().err

@@ -57,18 +57,15 @@ def scaling(num_pages: int, repeats: int = 5) -> dict[str, float]:
         return 200
 
     def decode_step() -> int:
+        """16 steps of a 256-request decode batch: one page each at step 0, then continuing slots."""
         state = base
+        first_pages = tuple(state.free_pages.head(256))
         for step in range(16):
-            fresh = tuple(state.free_pages.head(256)) if step == 0 else ()
-            items = tuple((r, ((fresh[i] * size) if step == 0 else (fresh0[i] * size + step),))
-                          for i, r in enumerate(rows))
+            fresh = first_pages if step == 0 else ()
+            items = tuple((r, (first_pages[i] * size + step,)) for i, r in enumerate(rows))
             state = apply(state, Allocate(fresh, items))
             state = apply(state, Append(tuple((r, step + 1) for r in rows)))
-            if step == 0:
-                fresh0 = fresh
         return 16 * 256  # request-steps (two batched events per step)
-
-    fresh0: tuple[int, ...] = ()
 
     def insert_evict() -> int:
         state = base

@@ -59,8 +59,7 @@ class Side:
             import peer_stubs
 
             peer_stubs.install()
-            from sglang.srt.mem_cache.allocator import (
-                PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator)
+            from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
             from sglang.srt.mem_cache.cache_init_params import CacheInitParams
             from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
             from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -76,7 +75,11 @@ class Side:
                                                     page_size=page_size))
         else:
             from kvstate.sglang import (
-                PagedTokenToKVPoolAllocator, RadixCache, ReqToTokenPool, TokenToKVPoolAllocator)
+                PagedTokenToKVPoolAllocator,
+                RadixCache,
+                ReqToTokenPool,
+                TokenToKVPoolAllocator,
+            )
 
             pool = ReqToTokenPool(size=4, max_context_len=64)
             if page_size == 1:

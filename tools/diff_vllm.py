@@ -252,7 +252,7 @@ def main() -> int:
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         rng = random.Random(seed)
         config = {"seed": seed, "block_size": rng.choice([2, 4, 16]),
-                  "num_blocks": rng.choice([6, 11, 24]), "max_model_len": 4096,
+                  "num_blocks": rng.choice([6, 11, 24, 64]), "max_model_len": 4096,
                   "enable_caching": rng.random() < 0.85,
                   "sliding_window": rng.choice([0, 0, 0, 5, 9])}
         ops = make_ops(seed, args.ops, vocab=6, block_size=config["block_size"])

@@ -16,8 +16,7 @@ import os
 from importlib.metadata import version as _version
 
 from kvstate.engine import Engine
-from kvstate.events import Lock, ReqAlloc
-from kvstate.events import Assign, Evict
+from kvstate.events import Assign, Evict, Lock, ReqAlloc
 from kvstate.planner import plan_match
 from kvstate.planner.alloc import plan_decode, plan_extend
 from kvstate.planner.requests import RequestCursor, plan_checkpoint, plan_release

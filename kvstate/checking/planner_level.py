@@ -113,9 +113,29 @@ class PlannerLevel:
                 expected[node_id] = expected.get(node_id, 0) + 1
         actual = {n: node.lock_ref for n, node in world.state.nodes.items()
                   if n != ROOT and node.lock_ref}
+        out = []
         if actual != expected:
-            return [("locks_match_requests", f"lock_ref {actual} but open requests lock {expected}")]
-        return []
+            out.append(("locks_match_requests", f"lock_ref {actual} but open requests lock {expected}"))
+        out += self._prefix_content(world)
+        return out
+
+    def _prefix_content(self, world: World) -> list[tuple[str, str]]:
+        """Every request's protected prefix is the tree path that spells its own tokens."""
+        state, size = world.state, self.geometry.page_size
+        out = []
+        for cursor in world.cursors:
+            path = list(reversed(list(state.path_to_root(cursor.last_node))))
+            key = tuple(t for n in path for t in state.nodes[n].key)
+            pages = [p for n in path for p in state.nodes[n].pages]
+            table = list(state.requests[cursor.row].pages)
+            if key != cursor.tokens[: len(key)] or len(key) < cursor.protected_len:
+                out.append(("prefix_hits_match_tokens",
+                            f"row {cursor.row} locks a path spelling {list(key)}, "
+                            f"its tokens are {list(cursor.tokens)}"))
+            elif table[: cursor.protected_len // size] != pages[: cursor.protected_len // size]:
+                out.append(("prefix_hits_match_tokens",
+                            f"row {cursor.row} maps {table} but its cached prefix is {pages}"))
+        return out
 
     def view(self, world: World) -> bytes:
         extra = [[c.row, list(c.tokens), c.prompt_len, c.protected_len] for c in world.cursors]

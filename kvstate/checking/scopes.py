@@ -73,5 +73,5 @@ _add(Scope("planner-paged", "planner", num_pages=3, page_size=2, num_rows=2, voc
            max_depth=6, kinds=COMMANDS, prompt_lengths=(1, 2, 3), symmetry=False,
            description="SGLang flows through the planner, P=2 (partial pages); nightly"))
 _add(Scope("planner-deep", "planner", num_pages=4, page_size=2, num_rows=2, vocab=2,
-           max_depth=8, kinds=COMMANDS, prompt_lengths=(1, 2, 3), symmetry=False,
+           max_depth=7, kinds=COMMANDS, prompt_lengths=(1, 2, 3), symmetry=False,
            description="nightly: deeper planner-level search"))

@@ -3,12 +3,16 @@
     kvstate simulate TRACE --capacity 1e6,3M,5859b [--policy lru,fifo] [--warmup 0.5]
                      [--granularity block|token] [--page-size P] [--block-size B]
                      [--eviction-unit node|page] [--no-decode] [--cache-output]
+                     [--max-running R [--step-ms MS]]
                      [--record LOG] [--out DIR] [--json] [--limit N]
 
 Capacities are tokens (``3M``, ``1e6``, ``250k``) or, with a ``b`` suffix,
 pages of the run's unit (``5859b``: 5,859 trace blocks in block
 granularity).  Every (policy, capacity) pair is one run, streamed from the
-file again.  ``--json`` prints one JSON object per run.  ``--out`` writes
+file again.  By default requests run one at a time in file order; with
+--max-running they follow the trace's arrival times under continuous
+batching (decode iterations of --step-ms), and waits and retractions are
+counted.  ``--json`` prints one JSON object per run.  ``--out`` writes
 results.csv, results.json and hit_rate.png (one line per policy).  Exit 0 on
 success, 1 on a malformed trace, 2 on a usage error.
 """
@@ -111,6 +115,21 @@ def register(subparsers: Any) -> None:
         action="store_false",
         help="do not allocate output tokens (prefill-only cache, kvcache-simulator semantics)",
     )
+    parser.add_argument(
+        "--max-running",
+        type=int,
+        default=None,
+        metavar="R",
+        help="replay arrival times with continuous batching, at most R requests at once "
+        "(default: one request at a time in file order)",
+    )
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        default=20.0,
+        metavar="MS",
+        help="decode iteration time under --max-running (default 20 ms)",
+    )
     parser.add_argument("--cache-output", action="store_true", help="cache generated tokens at finish")
     parser.add_argument("--record", metavar="LOG", help="record the run as a kvstate log (one run only)")
     parser.add_argument("--out", metavar="DIR", help="write results.csv, results.json and hit_rate.png here")
@@ -200,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
                     eviction_unit=args.eviction_unit,
                     cache_output=args.cache_output,
                     decode=args.decode,
+                    max_running=args.max_running,
+                    step_ms=args.step_ms,
                 )
                 progress = (
                     _progress_printer(f"{policy} @ {tokens:,}", request_count) if show_progress else None
@@ -225,7 +246,8 @@ def run(args: argparse.Namespace) -> int:
                     f"{policy:>6} capacity {tokens:>13,} tokens ({result.capacity_pages:,} pages): "
                     f"hit {result.hit_rate_tokens:.4f} tokens, {result.hit_rate_blocks:.4f} blocks; "
                     f"evicted {result.evicted_pages:,}; peak {result.peak_pages:,} pages; "
-                    f"rejected {result.rejected_requests}, retracted {result.retracted_requests}",
+                    f"rejected {result.rejected_requests}, retracted {result.retracted_requests}, "
+                    f"waited {result.waited_requests}",
                     flush=True,
                 )
     if args.out:

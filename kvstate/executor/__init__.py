@@ -20,7 +20,7 @@ import attrs
 from kvstate.config import ModelConfig
 from kvstate.errors import InvalidEvent
 from kvstate.events import Event
-from kvstate.executor.buffers import MLAConfig, MLATorchExecutor, TorchExecutor, default_device
+from kvstate.executor.buffers import TorchExecutor, default_device
 from kvstate.executor.exports import (
     flashinfer_page_table,
     gather_kv,
@@ -30,6 +30,7 @@ from kvstate.executor.exports import (
 )
 from kvstate.executor.host import HostPool
 from kvstate.executor.integrity import IntegrityMonitor, IntegrityReport, enable_integrity
+from kvstate.executor.mla import MLAConfig, MLATorchExecutor
 from kvstate.executor.plan import IndexPlan, plan_indices
 from kvstate.state import State
 
@@ -68,6 +69,18 @@ def replay_hook(source: Any, device: str = "cpu", *, events: Iterable[Event] | N
     executor = TorchExecutor(model_config, geometry.num_pages, geometry.page_size,
                              dtype=torch.float16, device=device)
     executor.reset_state(initial)
+    if getattr(geometry, "mode", "radix") != "radix":
+        # Block-mode (vLLM) events have no index planner yet: rebuild, do not claim a check.
+        applied = 0
+        for event in stream:
+            try:
+                executor.apply(event)
+            except InvalidEvent as exc:
+                return ReplayResult(False, f"replay stopped: {exc}", applied)
+            applied += 1
+        return ReplayResult(True, f"{applied} events replayed on {executor.device}; integrity "
+                                  f"mode is not implemented for {geometry.mode!r} geometry (not checked)",
+                            applied)
     monitor = enable_integrity(executor)
     applied = 0
     checked = 0

@@ -9,8 +9,8 @@ once, in the constructor.  Layout (P = page size, N = num_pages)::
     k_buffer[layer] = _k[layer]   (a contiguous view, SGLang's per-layer buffer)
     rows 0..P-1 = page 0, the padding sink; page p = rows p*P .. p*P + P - 1
 
-``MLATorchExecutor`` keeps one latent buffer per layer,
-``kv_buffer[layer]`` of ``[rows, kv_lora_rank + qk_rope_head_dim]``.
+``MLATorchExecutor`` (:mod:`kvstate.executor.mla`) keeps one latent buffer
+per layer, ``kv_buffer[layer]`` of ``[rows, kv_lora_rank + qk_rope_head_dim]``.
 
 Mutation: ``set_kv_buffer``, ``copy_pages``/``copy_slots``, ``poison_slots``
 and ``apply`` write the buffers; the ``get_*`` calls return views (no copy).
@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import torch
 
 from kvstate.config import ModelConfig
 from kvstate.events import Event
+from kvstate.executor.copies import copy_rows, raw_words, slot_runs
 from kvstate.executor.plan import IndexPlan, plan_indices
 from kvstate.executor.plan_host import plan_tiered_indices
 from kvstate.reducer import apply as reduce
@@ -44,60 +44,6 @@ def default_device() -> torch.device:
 
 def element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def slot_runs(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, int]]:
-    """Coalesce parallel slot lists into ``(src_start, dst_start, length)`` runs."""
-    runs: list[tuple[int, int, int]] = []
-    for s, d in zip(src, dst, strict=True):
-        if runs:
-            rs, rd, n = runs[-1]
-            if rs + n == s and rd + n == d:
-                runs[-1] = (rs, rd, n + 1)
-                continue
-        runs.append((s, d, 1))
-    return runs
-
-
-def raw_words(tensor: torch.Tensor, leading: int = 2) -> torch.Tensor:
-    """Reinterpret a contiguous tensor as ``[*shape[:leading], words]`` of the widest int type.
-
-    Moves on integer words take torch's plain memcpy-like paths; half-precision
-    strided copies do not.  Returns a view (no copy); writes go to ``tensor``.
-    """
-    trailing = 1
-    for extent in tensor.shape[leading:]:
-        trailing *= extent
-    flat = tensor.reshape(*tensor.shape[:leading], trailing)
-    row_bytes = flat.shape[-1] * flat.element_size()
-    for dtype, width in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        if row_bytes % width == 0 and flat.element_size() <= width:
-            return flat.view(dtype)
-    return flat.view(torch.uint8)
-
-
-def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: Sequence[int],
-              dst_rows: Sequence[int], max_runs: int = 1024) -> None:
-    """``dst[:, dst_rows] = src[:, src_rows]`` over dim 1 of ``[layers, rows, ...]`` tensors.
-
-    Contiguous runs are copied slice by slice on integer-word views (no
-    temporary); very many short runs fall back to one gather plus one
-    scatter.  Mutates ``dst`` only.
-    """
-    if len(src_rows) != len(dst_rows):
-        raise ValueError(f"{len(src_rows)} source rows but {len(dst_rows)} destination rows")
-    if not src_rows:
-        return
-    src_words, dst_words = raw_words(src), raw_words(dst)
-    runs = slot_runs(src_rows, dst_rows)
-    if len(runs) <= max_runs:
-        for s, d, n in runs:
-            dst_words[:, d:d + n].copy_(src_words[:, s:s + n], non_blocking=True)
-        return
-    src_index = torch.tensor(src_rows, dtype=torch.int64, device=src.device)
-    dst_index = torch.tensor(dst_rows, dtype=torch.int64, device=dst.device)
-    gathered = src_words.index_select(1, src_index)
-    dst_words.index_copy_(1, dst_index, gathered.to(dst.device, non_blocking=True))
 
 
 class _Mirror:
@@ -313,78 +259,5 @@ class TorchExecutor(_Mirror):
         return gather_kv(self, state, request, layer, out)
 
 
-@attrs.frozen
-class MLAConfig:
-    """Per-token latent KV geometry of an MLA model (DeepSeek-V2 style)."""
-
-    num_layers: int
-    kv_lora_rank: int
-    qk_rope_head_dim: int
-    dtype_bytes: int = 2
-
-    @property
-    def row_width(self) -> int:
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def bytes_per_token(self) -> int:
-        return self.num_layers * self.row_width * self.dtype_bytes
-
-
-class MLATorchExecutor(_Mirror):
-    """One latent buffer per layer: ``kv_buffer[layer]`` of ``[rows, lora + rope]``."""
-
-    def __init__(self, config: MLAConfig, num_pages: int, page_size: int,
-                 dtype: torch.dtype = torch.float16, device: str | torch.device | None = None,
-                 *, poison_freed: bool = False) -> None:
-        self._init_mirror(Geometry(num_pages=num_pages, page_size=page_size))
-        if element_size(dtype) != config.dtype_bytes:
-            raise ValueError(f"dtype {dtype} does not have {config.dtype_bytes} bytes per element")
-        self.config = config
-        self.dtype = dtype
-        self.device = torch.device(device) if device is not None else default_device()
-        self.page_size = page_size
-        self.num_pages = num_pages
-        self.poison_freed = poison_freed
-        self.layer_num = config.num_layers
-        self.kv_lora_rank = config.kv_lora_rank
-        self.rows = (num_pages + 1) * page_size
-        self._kv = torch.zeros((self.layer_num, self.rows, config.row_width), dtype=dtype,
-                               device=self.device)
-        self.kv_buffer = [self._kv[layer] for layer in range(self.layer_num)]
-        if self.nbytes != config.bytes_per_token * self.rows:
-            raise AssertionError("latent buffer size differs from the MLA capacity plan")
-
-    @property
-    def nbytes(self) -> int:
-        return self._kv.numel() * self._kv.element_size()
-
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.kv_buffer[layer_id]
-
-    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.kv_buffer[layer_id][..., : self.kv_lora_rank]
-
-    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
-
-    def set_kv_buffer(self, layer: Any, loc: Any, cache_k: torch.Tensor,
-                      cache_v: torch.Tensor | None = None) -> None:
-        """Write the latent rows ``cache_k`` (``cache_v`` is unused, as in SGLang's MLA pool)."""
-        layer_id = int(getattr(layer, "layer_id", layer))
-        index = self._slot_index(loc)
-        self.kv_buffer[layer_id][index] = cache_k.to(self.dtype).reshape(-1, self.config.row_width)
-
-    def copy_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
-        copy_rows(self._kv, self._kv, src_slots, dst_slots)
-
-    def poison_slots(self, slots: Sequence[int]) -> None:
-        self._kv.index_fill_(1, self._slot_index(slots), POISON)
-
-    def gather_kv(self, state: State, request: Any, layer: int,
-                  out: tuple[torch.Tensor, torch.Tensor] | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A request's K/V in one layer, contiguous in token order (see ``exports.gather_kv``)."""
-        from kvstate.executor.exports import gather_kv
-
-        return gather_kv(self, state, request, layer, out)
+__all__ = ["POISON", "TorchExecutor", "copy_rows", "default_device", "element_size", "raw_words",
+           "slot_runs"]

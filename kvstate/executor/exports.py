@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kvstate.executor.buffers import raw_words
+from kvstate.executor.copies import raw_words
 from kvstate.state import RequestId, State
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kvstate.executor.buffers import copy_rows
+from kvstate.executor.copies import copy_rows
 
 
 class HostPool:

@@ -33,9 +33,9 @@ import attrs
 import torch
 
 from kvstate.events import Event
-from kvstate.executor import exports
-from kvstate.executor.buffers import MLATorchExecutor
+from kvstate.executor.mla import MLATorchExecutor
 from kvstate.executor.plan import IndexPlan, node_depth
+from kvstate.executor.readback import compare_reads, export_reads
 from kvstate.state import RequestId, State
 
 Content = tuple[int, int]  # (writer uid, position the KV was computed for)
@@ -265,7 +265,7 @@ class IntegrityMonitor:
                                 f"{len(self.req_content[request_id])}")
             lengths.append(min(length, len(self.req_content[request_id])))
         contents = [c for r, n in zip(requests, lengths, strict=True) for c in self.req_content[r][:n]]
-        reads = self._export_reads(state, requests, lengths)
+        reads = export_reads(self.executor, state, requests, lengths, self.request_pool)
         node_ids = [n for n in state.nodes.keys() if n != 0]
         node_slots: list[int] = []
         node_contents: list[Content] = []
@@ -283,7 +283,7 @@ class IntegrityMonitor:
                 k_want, v_want = self.expected(contents, layer)
                 for name, (k_got, v_got) in reads(layer).items():
                     checked += len(contents)
-                    problems.extend(_compare(name, layer, k_got, k_want, v_got, v_want,
+                    problems.extend(compare_reads(name, layer, k_got, k_want, v_got, v_want,
                                              requests, lengths))
             if node_contents:
                 k_want, v_want = self.expected(node_contents, layer)
@@ -323,59 +323,6 @@ class IntegrityMonitor:
             if not all(torch.equal(g, w.cpu()) for g, w in zip(got, want, strict=False)):
                 problems.append(f"layer {layer}: a host copy does not read back its node's tags")
         return len(contents) * ex.layer_num
-
-    def _export_reads(self, state: State, requests: list[RequestId], lengths: list[int]) -> Any:
-        ex = self.executor
-        size = state.geometry.page_size
-        device = ex.device
-        table = exports.flashinfer_page_table(state, requests, device=device)
-        flashinfer_slots = exports.slots_from_page_table(*table, page_size=size)
-        block_table = exports.vllm_block_table(state, requests, device=device)
-        block_slots = exports.slots_from_block_table(block_table, lengths, size)
-        mapping = exports.vllm_slot_mapping(state, [(r, 0, n) for r, n in zip(requests, lengths,
-                                                                              strict=True)], device=device)
-        req_rows = exports.sglang_req_to_token(state, requests, device=device)
-        rows_slots = [req_rows[i, :n].to(torch.int64) for i, n in enumerate(lengths)]
-        pool_slots: list[torch.Tensor] | None = None
-        if self.request_pool is not None and all(isinstance(r, int) for r in requests):
-            pool_table = self.request_pool.req_to_token
-            pool_slots = [pool_table[int(r), :n].to(device=device, dtype=torch.int64)
-                          for r, n in zip(requests, lengths, strict=True)]
-
-        def reads(layer: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-            k_buf, v_buf = ex.get_kv_buffer(layer)
-            gathered = [ex.gather_kv(state, r, layer) for r, n in zip(requests, lengths, strict=True)]
-            out = {
-                "gather_kv": (torch.cat([g[0][:n] for g, n in zip(gathered, lengths, strict=True)]),
-                              torch.cat([g[1][:n] for g, n in zip(gathered, lengths, strict=True)])),
-            }
-            named = {"flashinfer_page_table": flashinfer_slots, "vllm_block_table": block_slots,
-                     "sglang_req_to_token": rows_slots}
-            if pool_slots is not None:
-                named["ReqToTokenPool.req_to_token"] = pool_slots
-            for name, per_request in named.items():
-                index = torch.cat(per_request) if per_request else mapping[:0]
-                out[name] = (k_buf.index_select(0, index), v_buf.index_select(0, index))
-            out["vllm_slot_mapping"] = (k_buf.index_select(0, mapping), v_buf.index_select(0, mapping))
-            return out
-
-        return reads
-
-
-def _compare(name: str, layer: int, k_got: torch.Tensor, k_want: torch.Tensor, v_got: torch.Tensor,
-             v_want: torch.Tensor, requests: list[RequestId], lengths: list[int]) -> list[str]:
-    if k_got.shape == k_want.shape and torch.equal(k_got, k_want) and torch.equal(v_got, v_want):
-        return []
-    if k_got.shape != k_want.shape:
-        return [f"{name} layer {layer}: read {tuple(k_got.shape)}, expected {tuple(k_want.shape)}"]
-    bad = ((k_got != k_want).flatten(1).any(1) | (v_got != v_want).flatten(1).any(1)).nonzero()
-    first = int(bad[0])
-    for request_id, length in zip(requests, lengths, strict=True):
-        if first < length:
-            return [f"{name} layer {layer}: request {request_id!r} position {first} reads another "
-                    f"token's tag ({len(bad)} bad reads)"]
-        first -= length
-    return [f"{name} layer {layer}: {len(bad)} bad reads"]  # pragma: no cover - unreachable
 
 
 def enable_integrity(executor: Any, *, request_pool: Any = None) -> IntegrityMonitor:

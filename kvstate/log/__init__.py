@@ -8,6 +8,7 @@ fingerprints.  ``minimize`` shrinks a failing log; ``diff`` compares two.
 The byte layout is documented in docs/log-format.md.
 """
 
+from kvstate.log.diff import LogDiff, diff_logs
 from kvstate.log.format import (
     FORMAT_VERSION,
     MAGIC,
@@ -15,7 +16,9 @@ from kvstate.log.format import (
     EndRecord,
     LogFormatError,
     LogHeader,
+    auto_checkpoint_every,
 )
+from kvstate.log.minimize import MinimizeResult, NoFailure, minimize_events, minimize_file
 from kvstate.log.reader import LogReader, read_events, read_header
 from kvstate.log.replay import ReplayFailure, ReplayResult, Summary, replay, replay_path
 from kvstate.log.upcast import UPCASTERS, upcaster
@@ -27,15 +30,22 @@ __all__ = [
     "UPCASTERS",
     "Checkpoint",
     "EndRecord",
+    "LogDiff",
     "LogFormatError",
     "LogHeader",
     "LogReader",
     "LogWriter",
+    "MinimizeResult",
+    "NoFailure",
     "Recorder",
     "ReplayFailure",
     "ReplayResult",
     "Summary",
+    "auto_checkpoint_every",
+    "diff_logs",
     "make_header",
+    "minimize_events",
+    "minimize_file",
     "read_events",
     "read_header",
     "replay",

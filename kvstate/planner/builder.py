@@ -25,6 +25,7 @@ class Plan(Generic[R]):
     state: State
     result: R
     base: State  # the state the plan was computed from
+    states: tuple[State, ...] = ()  # the state after each event (same length as events)
 
 
 class PlanBuilder:
@@ -32,17 +33,22 @@ class PlanBuilder:
         self.base = state
         self.state = state
         self.events: list[Event] = []
+        self.states: list[State] = []
 
     def emit(self, event: Event) -> State:
         self.state = apply(self.state, event)
         self.events.append(event)
+        self.states.append(self.state)
         return self.state
 
     def extend(self, plan: Plan[Any]) -> Any:
         """Adopt a sub-plan computed from this builder's current state."""
+        if plan.base is not self.state:
+            raise RuntimeError("sub-plan was computed from a different state")
         self.events.extend(plan.events)
+        self.states.extend(plan.states)
         self.state = plan.state
         return plan.result
 
     def done(self, result: R) -> Plan[R]:
-        return Plan(tuple(self.events), self.state, result, self.base)
+        return Plan(tuple(self.events), self.state, result, self.base, tuple(self.states))

@@ -28,6 +28,9 @@ def fifo_priority(state: State, node_id: int) -> tuple[int, int]:
 
 
 def evictable_leaves(state: State) -> list[int]:
+    """Unlocked childless nodes below the root: the state's index in radix mode."""
+    if state.geometry.mode == "radix":
+        return list(state.leaves.keys())
     return [
         node_id
         for node_id, node in state.nodes.items()

@@ -45,7 +45,12 @@ def apply(state: State, event: Event) -> State:
         new_state = handler(state, event)
     except Reject as exc:
         raise InvalidEvent(event, state.seq, str(exc)) from None
-    return new_state.with_changes(seq=state.seq + 1)
+    if new_state is state:
+        return state.with_changes(seq=state.seq + 1)
+    # The handler built ``new_state`` just now and nobody else has seen it:
+    # stamping its sequence number in place saves a second copy per event.
+    object.__setattr__(new_state, "seq", state.seq + 1)
+    return new_state
 
 
 def apply_all(state: State, events: Iterable[Event]) -> State:

@@ -18,6 +18,8 @@ descendant is still cached).  Pure functions; nothing here mutates its inputs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from immutables import Map, MapMutation
 
 from kvstate.events_block import (
@@ -30,7 +32,16 @@ from kvstate.events_block import (
 )
 from kvstate.reducer import Reject, handles
 from kvstate.reducer.common import check_distinct, check_page_id, check_request
-from kvstate.state import DETACHED, ROOT, Node, Request, RequestId, State, block_child_key
+from kvstate.state import (
+    DETACHED,
+    ROOT,
+    ChildKey,
+    Node,
+    Request,
+    RequestId,
+    State,
+    block_child_key,
+)
 
 
 def _require_block(state: State, name: str) -> None:
@@ -73,12 +84,13 @@ def block_alloc(state: State, event: BlockAlloc) -> State:
                 raise Reject(f"page {page} is not free (allocating a held page)")
         raise Reject(f"pages {list(pages)} are not the head of the free queue {head}")
     page_node = state.page_node
+    held = (event.holder,)
     with state.holders.mutate() as out:
         for page in pages:
             if page in page_node:
                 raise Reject(f"page {page} is still cached (tree node {page_node[page]}); "
                              "uncache it before reuse")
-            out[page] = (event.holder,)
+            out[page] = held
         holders = out.finish()
     requests = _extend_table(state, event.holder, pages) if is_request else state.requests
     return state.with_changes(free_pages=queue.take(pages), holders=holders, requests=requests)
@@ -96,9 +108,11 @@ def block_hold(state: State, event: BlockHold) -> State:
         check_distinct(real, "page")
         table = set(state.requests[holder].pages)
     revived: list[int] = []
+    num_pages = state.geometry.num_pages
     with state.holders.mutate() as out:
         for page in real:
-            check_page_id(state, page)
+            if not 0 < page <= num_pages:
+                check_page_id(state, page)
             held = out.get(page, ())
             if is_request and (holder in held or page in table):
                 raise Reject(f"request {holder!r} already holds page {page}")
@@ -165,46 +179,77 @@ def block_release(state: State, event: BlockRelease) -> State:
 
 @handles(BlockCache)
 def block_cache(state: State, event: BlockCache) -> State:
-    _require_block(state, "BlockCache")
-    if event.parent not in state.nodes:
+    if state.geometry.mode != "block":
+        _require_block(state, "BlockCache")
+    nodes = state.nodes
+    if event.parent not in nodes:
         raise Reject(f"unknown tree node {event.parent}")
     entries = event.entries
-    if not 0 <= event.stored_from <= len(entries):
-        raise Reject(f"stored_from {event.stored_from} outside 0..{len(entries)}")
+    stored_from = event.stored_from
+    if not 0 <= stored_from <= len(entries):
+        raise Reject(f"stored_from {stored_from} outside 0..{len(entries)}")
     size = state.geometry.page_size
-    holders = state.holders
+    num_pages = state.geometry.num_pages
+    holders, page_node = state.holders, state.page_node
+    # Pass 1: resolve each entry to an existing child or the next fresh id; check pages.
+    keys: list[tuple[Any, ...]] = []
+    first_new = len(entries)
     next_id = state.next_node_id
     current = event.parent
-    with state.nodes.mutate() as nodes, state.page_node.mutate() as page_node:
-        for index, (node_id, key, extra, page) in enumerate(entries):
-            if len(key) != size:
-                raise Reject(f"entry {index}: key of {len(key)} tokens, block size is {size}")
-            child_key = block_child_key(key, extra)
-            node = nodes[current]
-            child = node.children.get(child_key)
+    seen: set[int] = set()
+    for index, (node_id, key, extra, page) in enumerate(entries):
+        if len(key) != size:
+            raise Reject(f"entry {index}: key of {len(key)} tokens, block size is {size}")
+        child_key = block_child_key(key, extra)
+        keys.append(child_key)
+        if index < first_new:
+            child = nodes[current].children.get(child_key)
             if child is None:
-                if node_id != next_id:
-                    raise Reject(f"entry {index}: new node id must be {next_id}, got {node_id}")
-                nodes[current] = node._replace(children=node.children.set(child_key, node_id))
-                nodes[node_id] = Node(current, key, (), Map(), 0, 0, extra)
-                next_id += 1
+                first_new = index
             elif child != node_id:
                 raise Reject(f"entry {index}: node {node_id} is not the child of {current} "
                              f"for this block (node {child} is)")
-            if page:
-                if index < event.stored_from:
-                    raise Reject(f"entry {index} is before stored_from and caches page {page}")
+        if index >= first_new:
+            if node_id != next_id:
+                raise Reject(f"entry {index}: new node id must be {next_id}, got {node_id}")
+            next_id += 1
+        if page:
+            if index < stored_from:
+                raise Reject(f"entry {index} is before stored_from and caches page {page}")
+            if not 0 < page <= num_pages:
                 check_page_id(state, page)
-                if page in page_node:
-                    raise Reject(f"page {page} is already cached (tree node {page_node[page]})")
-                if page not in holders:
-                    raise Reject(f"page {page} is free; cache only held pages")
-                target = nodes[node_id]
-                nodes[node_id] = target._replace(pages=(*target.pages, page))
-                page_node[page] = node_id
-            current = node_id
-        pruned = _prune(nodes, current)  # trailing positions that got no copy (null blocks)
-        new_nodes, new_page_node = nodes.finish(), page_node.finish()
+            if page in page_node or page in seen:
+                raise Reject(f"page {page} is already cached (tree node "
+                             f"{page_node.get(page, entries[index][0])})")
+            if page not in holders:
+                raise Reject(f"page {page} is free; cache only held pages")
+            seen.add(page)
+        current = node_id
+    # Pass 2: build (new nodes are created whole: their pages and their one child).
+    with nodes.mutate() as out_nodes, page_node.mutate() as out_pages:
+        for index in range(first_new):
+            node_id, _key, _extra, page = entries[index]
+            if page:
+                target = out_nodes[node_id]
+                out_nodes[node_id] = target._replace(pages=(*target.pages, page))
+                out_pages[page] = node_id
+        if first_new < len(entries):
+            attach = entries[first_new - 1][0] if first_new else event.parent
+            parent = out_nodes[attach]
+            out_nodes[attach] = parent._replace(
+                children=parent.children.set(keys[first_new], entries[first_new][0]))
+            last = len(entries) - 1
+            for index in range(first_new, len(entries)):
+                node_id, key, extra, page = entries[index]
+                children: Map[ChildKey, int] = (
+                    Map({keys[index + 1]: entries[index + 1][0]}) if index < last else Map())
+                out_nodes[node_id] = Node(attach, key, (page,) if page else (), children, 0, 0,
+                                          extra)
+                if page:
+                    out_pages[page] = node_id
+                attach = node_id
+        pruned = _prune(out_nodes, current)  # trailing positions that got no copy (null blocks)
+        new_nodes, new_page_node = out_nodes.finish(), out_pages.finish()
     created = next_id - state.next_node_id - pruned
     return state.with_changes(nodes=new_nodes, page_node=new_page_node, next_node_id=next_id,
                               evictable_size=state.evictable_size + created * size)

@@ -132,9 +132,15 @@ def load(state: TieredState, event: Event) -> TieredState:
         event.node: node,
     })
     page_node = core.page_node.update({page: event.node for page in event.pages})
+    changes: dict[str, object] = {}
+    leaves = getattr(core, "leaves", None)  # the core's derived evictable-leaf index, if present
+    if leaves is not None:
+        if record.parent in leaves:
+            leaves = leaves.delete(record.parent)
+        changes["leaves"] = leaves.set(event.node, None)
     new_core = core.with_changes(nodes=nodes, page_node=page_node,
                                  free_pages=core.free_pages.take(event.pages), clock=event.time,
-                                 evictable_size=core.evictable_size + len(record.key))
+                                 evictable_size=core.evictable_size + len(record.key), **changes)
     new_host = _evolve(host, evicted=host.evicted.delete(event.node),
                        evicted_children=host.evicted_children.delete((record.parent, child_key)))
     return TieredState(new_core, new_host)

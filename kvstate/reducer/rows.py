@@ -103,4 +103,5 @@ def _reset_tree(state: State) -> State:
         free_pages=state.free_pages.push_tail(freed),
         evictable_size=0,
         protected_size=0,
+        leaves=Map(),
     )

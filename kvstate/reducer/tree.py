@@ -72,9 +72,13 @@ def insert(state: State, event: Insert) -> State:
                 lock_ref=0, last_access=event.time)
     new_parent = _evolve(parent, children=parent.children.set(child_key, event.node))
     nodes = state.nodes.update({event.parent: new_parent, event.node: leaf})
+    leaves = state.leaves
+    if event.parent in leaves:
+        leaves = leaves.delete(event.parent)
     return state.with_changes(nodes=nodes, holders=holders, page_node=page_node,
                               next_node_id=event.node + 1, clock=event.time,
-                              evictable_size=state.evictable_size + len(key))
+                              evictable_size=state.evictable_size + len(key),
+                              leaves=leaves.set(event.node, None))
 
 
 @handles(Split)
@@ -128,21 +132,25 @@ def touch(state: State, event: Touch) -> State:
 def lock(state: State, event: Lock) -> State:
     _node(state, event.node)
     moved = 0
+    leaves = state.leaves
     with state.nodes.mutate() as out:
         for node_id in state.path_to_root(event.node):
             node = out[node_id]
             if node.lock_ref == 0:
                 moved += len(node.key)
+                if node_id in leaves:
+                    leaves = leaves.delete(node_id)
             out[node_id] = _evolve(node, lock_ref=node.lock_ref + 1)
         nodes = out.finish()
     return state.with_changes(nodes=nodes, evictable_size=state.evictable_size - moved,
-                              protected_size=state.protected_size + moved)
+                              protected_size=state.protected_size + moved, leaves=leaves)
 
 
 @handles(Unlock)
 def unlock(state: State, event: Unlock) -> State:
     _node(state, event.node)
     moved = 0
+    freed_leaf: int | None = None
     with state.nodes.mutate() as out:
         for node_id in state.path_to_root(event.node):
             node = out[node_id]
@@ -150,10 +158,13 @@ def unlock(state: State, event: Unlock) -> State:
                 raise Reject(f"unlock of node {node_id} below zero (lock_ref is 0)")
             if node.lock_ref == 1:
                 moved += len(node.key)
+                if not node.children:
+                    freed_leaf = node_id
             out[node_id] = _evolve(node, lock_ref=node.lock_ref - 1)
         nodes = out.finish()
+    leaves = state.leaves if freed_leaf is None else state.leaves.set(freed_leaf, None)
     return state.with_changes(nodes=nodes, evictable_size=state.evictable_size + moved,
-                              protected_size=state.protected_size - moved)
+                              protected_size=state.protected_size - moved, leaves=leaves)
 
 
 @handles(Evict)
@@ -161,6 +172,7 @@ def evict(state: State, event: Evict) -> State:
     check_distinct(event.nodes, "node")
     nodes, page_node, holders = state.nodes, state.page_node, state.holders
     queue = state.free_pages
+    leaves = state.leaves
     evicted_tokens = 0
     for node_id in event.nodes:
         if node_id == ROOT:
@@ -174,8 +186,12 @@ def evict(state: State, event: Evict) -> State:
             raise Reject(f"node {node_id} is not a leaf ({len(node.children)} children)")
         parent = nodes[node.parent]
         child_key = state.geometry.child_key(node.key)
-        nodes = nodes.delete(node_id).set(
-            node.parent, _evolve(parent, children=parent.children.delete(child_key)))
+        parent = _evolve(parent, children=parent.children.delete(child_key))
+        nodes = nodes.delete(node_id).set(node.parent, parent)
+        if node_id in leaves:
+            leaves = leaves.delete(node_id)
+        if node.parent != ROOT and parent.lock_ref == 0 and not parent.children:
+            leaves = leaves.set(node.parent, None)
         released = [page for page in node.pages if page not in holders]
         with page_node.mutate() as out:
             for page in node.pages:
@@ -184,7 +200,7 @@ def evict(state: State, event: Evict) -> State:
         queue = queue.push_head(released) if event.at_head else queue.push_tail(released)
         evicted_tokens += len(node.key)
     return state.with_changes(nodes=nodes, page_node=page_node, free_pages=queue,
-                              evictable_size=state.evictable_size - evicted_tokens)
+                              evictable_size=state.evictable_size - evicted_tokens, leaves=leaves)
 
 
 def _evolve(node: Node, **changes: Any) -> Node:

@@ -21,9 +21,10 @@ counts its tokens); in ``token`` granularity the synthetic token ids are used
 with pages of ``page_size`` tokens.
 
 The ``Engine`` built here is the only mutable state besides the counters; an
-optional ``Recorder`` writes every event to a kvstate log.  Requests run one
-at a time: concurrency (arrival overlap with a ``max_running`` bound) is not
-modelled yet.
+optional ``Recorder`` writes every event to a kvstate log.  By default requests
+run one at a time in stream order (arrival times unused); with
+``settings.max_running`` the run is handed to ``batching.BatchingSimulator``,
+which replays arrival times with continuous batching.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from kvstate.engine import Engine
 from kvstate.events import Assign, Evict, Lock, ReqAlloc, Split
 from kvstate.planner.alloc import plan_extend
@@ -41,7 +44,7 @@ from kvstate.planner.requests import RequestCursor, plan_release
 from kvstate.planner.tree_ops import plan_match
 from kvstate.simulate.policies import EvictionPolicy, load_policy
 from kvstate.simulate.settings import SimulationResult, SimulationSettings
-from kvstate.state import ROOT, Geometry, State
+from kvstate.state import ROOT, Geometry, RequestId, State
 from kvstate.traces.records import TraceRequest
 from kvstate.traces.tokens import full_block_tokens, partial_block_tokens, private_tokens
 
@@ -66,12 +69,25 @@ def block_units(request: TraceRequest) -> tuple[tuple[int, ...], tuple[int, ...]
     return tuple(ids), tuple(weights)
 
 
+@attrs.frozen
+class Admitted:
+    """A request that holds a row: its cursor, full key (prompt + private output ids)."""
+
+    index: int
+    request: TraceRequest
+    cursor: RequestCursor
+    full_key: tuple[int, ...]
+    prompt_units: int
+    measured: bool
+
+
 class _Counters:
     def __init__(self) -> None:
         self.requests = self.measured = 0
         self.hit_tokens = self.total_tokens = self.hit_blocks = self.total_blocks = 0
         self.evicted = self.peak = self.rejected = self.retracted = 0
         self.filled = False
+        self.waited = 0
 
 
 class TraceSimulator:
@@ -118,7 +134,8 @@ class TraceSimulator:
         self.engine.apply(event)
         self.policy.observe((event,))
 
-    def _extend(self, request_id: str, length: int) -> bool:
+    def extend_to(self, request_id: RequestId, length: int) -> bool:
+        """Grow a request's row to ``length`` units (evicting the deficit); False if it cannot."""
         plan = plan_extend(
             self.engine.state, [(request_id, length)], at_head=False, priority=self.policy.priority
         )
@@ -156,24 +173,32 @@ class TraceSimulator:
             return key, weights, output_units
         return request.token_ids(), None, request.output_length if self.settings.decode else 0
 
-    def step(self, index: int, request: TraceRequest, measured: bool) -> None:
-        """Admit, decode and finish ``request`` (the ``index``-th of the stream)."""
+    def _measure(self, key: Sequence[int], weights: tuple[int, ...] | None, matched: int) -> None:
         counters = self.counters
-        counters.requests += 1
+        counters.measured += 1
+        if weights is None:
+            counters.hit_tokens += matched
+            counters.total_tokens += len(key)
+            counters.hit_blocks += matched // self.page_size
+            counters.total_blocks += -(-len(key) // self.page_size)
+        else:
+            counters.hit_tokens += sum(weights[:matched])
+            counters.total_tokens += sum(weights)
+            counters.hit_blocks += matched
+            counters.total_blocks += len(key)
+
+    def admit(
+        self, index: int, request: TraceRequest, measured: bool, count_if_refused: bool = True
+    ) -> Admitted | None:
+        """Match, open the row, lock, map the hit and allocate the prompt.
+
+        Returns ``None`` (after undoing the row, nothing cached) when the pool
+        cannot hold the prompt even after evicting everything evictable.  A
+        measured request's hit is counted at its lookup, refused or not,
+        unless ``count_if_refused`` is False (a request that will retry).
+        """
         key, weights, output_units = self._encode(request)
         match = self._commit(plan_match(self.engine.state, key))
-        if measured:
-            counters.measured += 1
-            if weights is None:
-                counters.hit_tokens += match.length
-                counters.total_tokens += len(key)
-                counters.hit_blocks += match.length // self.page_size
-                counters.total_blocks += -(-len(key) // self.page_size)
-            else:
-                counters.hit_tokens += sum(weights[: match.length])
-                counters.total_tokens += sum(weights)
-                counters.hit_blocks += match.length
-                counters.total_blocks += len(key)
         request_id = f"q{index}"
         self._apply(ReqAlloc((request_id,)))
         if match.last_node != ROOT:
@@ -181,30 +206,41 @@ class TraceSimulator:
         if match.length:
             self._apply(Assign(request_id, 0, match.slots))
         cursor = RequestCursor(request_id, match.length, match.last_node)
-        if not self._extend(request_id, len(key)):
-            counters.rejected += 1
+        admitted = self.extend_to(request_id, len(key))
+        if measured and (admitted or count_if_refused):
+            self._measure(key, weights, match.length)
+        if not admitted:
             self._release(cursor, key, len(key), match.length, checkpoint=False)
-            return
-        owned = len(key)
-        full_key = key
-        if output_units:
-            # Output ids are private to the request; they start after its private prompt tail.
-            tail = private_tokens(request.sequence, output_units, request.private_tail)
-            full_key = (*key, *tail)
-            if self._extend(request_id, len(full_key)):
-                owned = len(full_key) if self.settings.cache_output else len(key)
-            else:
-                counters.retracted += 1
+            return None
+        tail = private_tokens(request.sequence, output_units, request.private_tail)
+        return Admitted(index, request, cursor, (*key, *tail), len(key), measured)
+
+    def finish(self, active: Admitted, decoded_units: int) -> None:
+        """Cache the prompt (and the decoded output with ``cache_output``), free the rest."""
+        owned = active.prompt_units + (decoded_units if self.settings.cache_output else 0)
         if (
-            not counters.filled
-            and not measured
+            not self.counters.filled
+            and not active.measured
             and self.pool_pages == self.capacity_pages
             and len(self.engine.state.free_pages) == 0
         ):
-            counters.filled = True
-        self._release(cursor, full_key, len(key), owned, checkpoint=True)
+            self.counters.filled = True
+        self._release(active.cursor, active.full_key, active.prompt_units, owned, checkpoint=True)
         if self.settings.eviction_unit == "page":
-            self._split_to_pages(full_key[:owned])
+            self._split_to_pages(active.full_key[:owned])
+
+    def step(self, index: int, request: TraceRequest, measured: bool) -> None:
+        """Admit, decode and finish ``request`` alone (the ``index``-th of the stream)."""
+        self.counters.requests += 1
+        active = self.admit(index, request, measured)
+        if active is None:
+            self.counters.rejected += 1
+            return
+        decoded = len(active.full_key) - active.prompt_units
+        if decoded and not self.extend_to(active.cursor.request, len(active.full_key)):
+            self.counters.retracted += 1
+            decoded = 0
+        self.finish(active, decoded)
 
     def _release(
         self, cursor: RequestCursor, key: Sequence[int], prompt_len: int, owned: int, checkpoint: bool
@@ -253,6 +289,7 @@ class TraceSimulator:
             peak_pages=c.peak,
             rejected_requests=c.rejected,
             retracted_requests=c.retracted,
+            waited_requests=c.waited,
             underfilled=self.settings.warmup > 0 and not c.filled,
         )
 
@@ -290,13 +327,18 @@ def simulate(
     name = first.source if first is not None else ""
     simulator = TraceSimulator(settings, unit, name, page_bound)
     stream: Iterable[TraceRequest] = [] if first is None else _chain_first(first, iterator)
+    runner: Any = simulator
+    if settings.max_running is not None:
+        from kvstate.simulate.batching import BatchingSimulator
+
+        runner = BatchingSimulator(simulator, settings.max_running, settings.step_ms)
     if record is None:
-        return simulator.run(stream, request_count, progress)
+        return runner.run(stream, request_count, progress)  # type: ignore[no-any-return]
     from kvstate.log.writer import Recorder
 
     meta = {"workload": "trace", "trace": name, "settings": repr(settings)}
     with Recorder(simulator.engine, record, meta=meta):
-        return simulator.run(stream, request_count, progress)
+        return runner.run(stream, request_count, progress)  # type: ignore[no-any-return]
 
 
 def _chain_first(first: TraceRequest, rest: Iterable[TraceRequest]) -> Iterable[TraceRequest]:

@@ -46,6 +46,11 @@ class SimulationSettings:
         decode: allocate the output tokens before finishing.  ``False`` models a
             prefill-only cache (kvcache-simulator's semantics: only prompt
             blocks ever occupy the pool).
+        max_running: ``None`` runs requests one at a time in stream order;
+            a number replays arrival times with continuous batching, at most
+            that many requests at once (``kvstate.simulate.batching``).
+        step_ms: duration of one decode iteration under batching (a model
+            parameter; the traces do not record engine speed).
     """
 
     capacity_tokens: int = attrs.field(validator=_positive)
@@ -56,6 +61,13 @@ class SimulationSettings:
     eviction_unit: EvictionUnit = "node"
     cache_output: bool = False
     decode: bool = True
+    max_running: int | None = attrs.field(default=None)
+    step_ms: float = 20.0
+
+    @max_running.validator
+    def _check_running(self, attribute: attrs.Attribute[Any], value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"max_running must be a positive integer, got {value!r}")
 
 
 @attrs.frozen
@@ -76,6 +88,7 @@ class SimulationResult:
     peak_pages: int
     rejected_requests: int  # did not fit even with everything evictable gone
     retracted_requests: int  # ran out of room while decoding; finished early
+    waited_requests: int  # had to wait for room before admission (batching only)
     underfilled: bool  # the pool never filled before the measurement window
 
     @property
@@ -90,8 +103,15 @@ class SimulationResult:
     def definition(self) -> str:
         s = self.settings
         unit = "trace hash block" if s.granularity == "block" else f"page of {self.unit_tokens} tokens"
+        schedule = (
+            "one request at a time in stream order"
+            if s.max_running is None
+            else f"continuous batching over arrival times, max_running {s.max_running}, "
+            f"decode step {s.step_ms} ms"
+        )
         return (
             f"window: requests after the first floor({s.warmup} * n) in stream order; "
+            f"schedule: {schedule}; "
             "hit: longest contiguous cached prefix, looked up at admission; "
             f"weighting: tokens (hit_rate_tokens) and {unit}s (hit_rate_blocks); "
             f"block size {self.unit_tokens} tokens; capacity {self.capacity_pages} pages; "
@@ -125,6 +145,9 @@ class SimulationResult:
             "peak_pages": self.peak_pages,
             "rejected_requests": self.rejected_requests,
             "retracted_requests": self.retracted_requests,
+            "waited_requests": self.waited_requests,
+            "max_running": s.max_running,
+            "step_ms": s.step_ms,
             "underfilled": self.underfilled,
             "definition": self.definition,
         }

@@ -19,6 +19,7 @@ as ``hints``) and from a replayed log alike (it then hashes each node once).
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 from kvstate.events import Event
@@ -122,7 +123,7 @@ class NodeHashes:
         hashes = [external_block_hash(digests[start + i]) for i, entry in enumerate(entries)
                   if entry[3]]
         extras: list[Any] = [entry[2] for entry in entries if entry[3]]
-        tokens = [token for entry in entries for token in entry[1]]
+        tokens = list(chain.from_iterable(entry[1] for entry in entries))
         lora_name = _lora_name(entries[0][2]) if entries else None
         return BlockStored(
             block_hashes=hashes, parent_block_hash=parent, token_ids=tokens,

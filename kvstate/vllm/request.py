@@ -62,7 +62,7 @@ class Request:
         self.cache_salt = cache_salt
         self.mm_spans = tuple(sorted(mm_spans, key=lambda span: span.offset))
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
-        self.prompt_token_ids = [_token(t) for t in prompt_token_ids]
+        self.prompt_token_ids = _tokens(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -84,7 +84,7 @@ class Request:
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
         """Append sampled tokens and hash any block they complete (mutates)."""
-        new = [_token(token_ids)] if isinstance(token_ids, int) else [_token(t) for t in token_ids]
+        new = [_token(token_ids)] if isinstance(token_ids, int) else _tokens(token_ids)
         self.output_token_ids.extend(new)
         self.all_token_ids.extend(new)
         self._update_block_hashes()
@@ -117,6 +117,13 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, hashed_blocks={len(self.block_hashes)})")
+
+
+def _tokens(values: Iterable[Any]) -> list[int]:
+    tokens = list(values)
+    if all(type(token) is int for token in tokens):  # the common case, no per-item call
+        return tokens
+    return [_token(token) for token in tokens]
 
 
 def _token(value: Any) -> int:
