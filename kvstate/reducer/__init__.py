@@ -61,4 +61,4 @@ def apply_all(state: State, events: Iterable[Event]) -> State:
 
 
 # Register the rules (imported for their side effect on HANDLERS).
-from kvstate.reducer import block, pages, rows, tree  # noqa: E402,F401
+from kvstate.reducer import block, host, pages, rows, tree  # noqa: E402,F401
