@@ -205,6 +205,14 @@ def _table_refs_live(state: State) -> Iterator[str]:
                 if page and request_id not in state.holders.get(page, ()):
                     yield f"request {request_id!r} maps page {page}, which it does not hold"
         return
+    if state.geometry.mode == "radix":
+        counted: dict[int, int] = {}
+        for request_id, record in state.requests.items():
+            for page in record.pages:
+                if page in state.page_node and request_id not in state.holders.get(page, ()):
+                    counted[page] = counted.get(page, 0) + 1
+        if counted != dict(state.tree_refs.items()):
+            yield "the index of tree pages mapped without a hold is off"
     for request_id, record in state.requests.items():
         for page in record.pages:
             if page not in state.page_node and request_id not in state.holders.get(page, ()):

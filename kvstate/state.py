@@ -135,6 +135,10 @@ class State:
     # Derived index (not part of the fingerprint): unlocked childless nodes below
     # the root, maintained by the radix-mode tree rules so eviction never scans.
     leaves: Map[int, None] = attrs.field(factory=Map)
+    # Derived index (not part of the fingerprint): for each tree page, how many
+    # request tables map it without holding it (SGLang's locked prefix).  Such
+    # a page must not leave the tree: evicting it would be a use after free.
+    tree_refs: Map[int, int] = attrs.field(factory=Map)
     _fingerprint: list[bytes] = attrs.field(factory=list, repr=False, alias="_fingerprint")
 
     # -- identity ---------------------------------------------------------

@@ -26,7 +26,6 @@ from kvstate.checking.scopes import Scope
 from kvstate.reducer import HANDLERS, Reject
 from kvstate.state import Request
 from kvstate.testing.machine import SpecMachine
-from tests.spec_fixes import _wrap, needed
 
 CANARY_SCOPE = Scope("canary", "event", num_pages=2, page_size=1, num_rows=2, vocab=2,
                      max_depth=5, max_key_pages=2)
@@ -76,6 +75,13 @@ def lock_skips_sizes(core):
     def rule(state, e):
         return core(state, e).with_changes(evictable_size=state.evictable_size,
                                            protected_size=state.protected_size)
+    return rule
+
+
+def lock_keeps_leaf_index(core):
+    """Locking a leaf leaves it in the evictable-leaf index (eviction could pick it)."""
+    def rule(state, e):
+        return core(state, e).with_changes(leaves=state.leaves)
     return rule
 
 
@@ -228,6 +234,7 @@ EVENT_CANARIES: dict[str, tuple[str, type[ev.Event], Callable, Scope]] = {
     "refcount-not-decremented": ("refcounts", ev.Truncate, truncate_keeps_hold, CANARY_SCOPE),
     "row-handed-out-twice": ("reserved_ids", ev.ReqAlloc, req_alloc_keeps_row_free, CANARY_SCOPE),
     "lock-skips-size-accounting": ("tree_sizes", ev.Lock, lock_skips_sizes, CANARY_SCOPE),
+    "lock-keeps-leaf-index": ("leaf_index", ev.Lock, lock_keeps_leaf_index, CANARY_SCOPE),
     "split-drops-lock-ref": ("lock_monotonic", ev.Split, split_drops_lock_ref, CANARY_SCOPE),
     "insert-skips-child-index": ("node_shape", ev.Insert, insert_skips_child_index, CANARY_SCOPE),
     "allocate-overcounts": ("request_lengths", ev.Allocate, allocate_overcounts, CANARY_SCOPE),
@@ -251,14 +258,10 @@ def test_every_property_has_a_canary():
 
 @pytest.fixture
 def broken(request, monkeypatch):
-    """Install the proposed fixes, then break one rule; register only the target property."""
+    """Break one rule of the core; register only the target property."""
     target, event_type, factory, _ = EVENT_CANARIES[request.param]
     saved = dict(HANDLERS)
-    fixed = _wrap(saved) if needed() else {}
-    monkeypatch.setattr("kvstate.reducer.HANDLERS", HANDLERS)
-    HANDLERS.update(fixed)
-    HANDLERS[event_type] = factory(HANDLERS[event_type] if event_type not in fixed
-                                   else fixed[event_type])
+    HANDLERS[event_type] = factory(saved[event_type])
     monkeypatch.setattr(spec, "ALWAYS", {k: v for k, v in spec.ALWAYS.items() if k == target})
     monkeypatch.setattr(spec, "TRANSITIONS",
                         {k: v for k, v in spec.TRANSITIONS.items() if k == target})
@@ -314,15 +317,7 @@ def _release_keeps_lock(real):
     return broken
 
 
-@pytest.fixture
-def fixed_core():
-    from tests.spec_fixes import proposed_fixes
-
-    with proposed_fixes():
-        yield
-
-
-def test_explorer_catches_partial_fill_off_by_one(monkeypatch, fixed_core):
+def test_explorer_catches_partial_fill_off_by_one(monkeypatch):
     import kvstate.planner.alloc as alloc
 
     monkeypatch.setattr(alloc, "extend_slots", _off_by_one_extend_slots(alloc.extend_slots))
@@ -332,7 +327,7 @@ def test_explorer_catches_partial_fill_off_by_one(monkeypatch, fixed_core):
     assert report.violation.names == ("planner_valid",)
 
 
-def test_explorer_catches_lock_not_released_on_finish(monkeypatch, fixed_core):
+def test_explorer_catches_lock_not_released_on_finish(monkeypatch):
     import kvstate.checking.planner_level as pl
 
     monkeypatch.setattr(pl, "plan_release", _release_keeps_lock(pl.plan_release))
@@ -341,7 +336,7 @@ def test_explorer_catches_lock_not_released_on_finish(monkeypatch, fixed_core):
     assert report.violation.names == ("locks_match_requests",)
 
 
-def test_explorer_catches_false_out_of_memory(monkeypatch, fixed_core):
+def test_explorer_catches_false_out_of_memory(monkeypatch):
     import kvstate.planner.alloc as alloc
 
     monkeypatch.setattr(alloc, "_ensure_pages",
@@ -378,7 +373,7 @@ def test_sglang_machine_catches_lock_not_released_on_finish(monkeypatch):
         run_state_machine_as_test(SGLangModelMachine, settings=SGLANG_SETTINGS)
 
 
-def test_explorer_catches_wrong_prefix_hit(monkeypatch, fixed_core):
+def test_explorer_catches_wrong_prefix_hit(monkeypatch):
     """A match that compares only lengths, not tokens: a prefix hit on someone else's KV."""
     import kvstate.planner.tree_ops as tree_ops
 

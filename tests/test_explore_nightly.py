@@ -11,18 +11,11 @@ from __future__ import annotations
 import pytest
 
 from kvstate.checking import run_check
-from tests.spec_fixes import proposed_fixes
-
-
-@pytest.fixture
-def fixes():
-    with proposed_fixes():
-        yield
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["core6", "planner-paged", "planner-deep"])
-def test_nightly_scope(name, fixes, tmp_path):
+def test_nightly_scope(name, tmp_path):
     report = run_check(name, log_dir=tmp_path)
     assert report.violation is None, report.as_json()["violations"]
     assert report.sometimes_missed == []
@@ -30,7 +23,7 @@ def test_nightly_scope(name, fixes, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
-def test_nightly_random_walks(seed, fixes, tmp_path):
+def test_nightly_random_walks(seed, tmp_path):
     report = run_check("core6-1m", walks=200, walk_depth=60, seed=seed, log_dir=tmp_path)
     assert report.violation is None, report.as_json()["violations"]
     assert report.sometimes_missed == []

@@ -3,9 +3,7 @@
 Each scope must finish with no violation, every SOMETIMES probe hit, and
 exactly the pinned number of unique states and edges: a change in the core's
 semantics, the candidate events or the symmetry reduction shows up here as a
-count change and has to be acknowledged by updating the pin.  The proposed
-fixes of ``tests/spec_fixes.py`` are installed while the core still has those
-findings.
+count change and has to be acknowledged by updating the pin.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from kvstate.checking.counterexample import read_log
 from kvstate.cli import main
 from kvstate.reducer import apply
 from kvstate.state import initial_state
-from tests.spec_fixes import proposed_fixes
 
 PINNED = {  # scope: (unique states, edges)
     "tiny": (764, 3336),
@@ -30,14 +27,8 @@ PINNED = {  # scope: (unique states, edges)
 }
 
 
-@pytest.fixture
-def fixes():
-    with proposed_fixes():
-        yield
-
-
 @pytest.mark.parametrize("name", sorted(PINNED))
-def test_pinned_scope(name, fixes, tmp_path):
+def test_pinned_scope(name, tmp_path):
     report = run_check(name, log_dir=tmp_path)
     assert report.violation is None, report.as_json()["violations"]
     assert report.sometimes_missed == []
@@ -45,7 +36,7 @@ def test_pinned_scope(name, fixes, tmp_path):
     assert report.max_depth == SCOPES[name].max_depth
 
 
-def test_symmetry_merges_states(fixes, tmp_path):
+def test_symmetry_merges_states(tmp_path):
     plain = run_check("tiny", symmetry=False, max_depth=4, log_dir=tmp_path)
     reduced = run_check("tiny", max_depth=4, log_dir=tmp_path)
     assert plain.violation is None and reduced.violation is None
@@ -54,18 +45,17 @@ def test_symmetry_merges_states(fixes, tmp_path):
 
 @pytest.fixture
 def share_twice():
-    """The fixed core with Share broken to accept a page the request already maps (F5)."""
+    """The core with Share broken to accept a page the request already maps (finding F5)."""
     from kvstate.events import Share
     from kvstate.reducer import HANDLERS
     from tests.test_canaries import share_allows_mapped_page
 
-    with proposed_fixes():
-        real = HANDLERS[Share]
-        HANDLERS[Share] = share_allows_mapped_page(real)
-        try:
-            yield
-        finally:
-            HANDLERS[Share] = real
+    real = HANDLERS[Share]
+    HANDLERS[Share] = share_allows_mapped_page(real)
+    try:
+        yield
+    finally:
+        HANDLERS[Share] = real
 
 
 def test_counterexample_is_shortest_replayable_and_logged(share_twice, tmp_path):
@@ -84,14 +74,14 @@ def test_counterexample_is_shortest_replayable_and_logged(share_twice, tmp_path)
     assert any(len(set(r.pages)) < len(r.pages) for r in state.requests.values())
 
 
-def test_random_walks_visit_states(fixes, tmp_path):
+def test_random_walks_visit_states(tmp_path):
     report = run_check("core6", walks=20, walk_depth=15, seed=3, log_dir=tmp_path)
     assert report.violation is None
     assert report.unique_states > 100
     assert report.complete is False
 
 
-def test_cli_json_and_exit_codes(capsys, fixes, tmp_path):
+def test_cli_json_and_exit_codes(capsys, tmp_path):
     assert main(["check", "--scope", "tiny", "--depth", "3", "--json",
                  "--log-dir", str(tmp_path)]) == 1  # depth 3 cannot reach a split
     out = json.loads(capsys.readouterr().out)
@@ -110,7 +100,7 @@ def test_cli_exits_1_on_violation(capsys, share_twice, tmp_path):
     assert pathlib.Path(out["violations"][0]["log"]).exists()
 
 
-def test_policy_flag_loads_a_class(capsys, fixes, tmp_path):
+def test_policy_flag_loads_a_class(capsys, tmp_path):
     code = main(["check", "--scope", "planner", "--depth", "3", "--json",
                  "--policy", "kvstate.checking.planner_level:Policy", "--log-dir", str(tmp_path)])
     out = json.loads(capsys.readouterr().out)
@@ -149,7 +139,7 @@ class FifoPolicy:
         return False
 
 
-def test_check_policy_explores_a_user_policy(fixes, tmp_path):
+def test_check_policy_explores_a_user_policy(tmp_path):
     from kvstate.testing import check_policy
 
     report = check_policy(FifoPolicy(), "planner", max_depth=4, log_dir=str(tmp_path))
@@ -157,7 +147,7 @@ def test_check_policy_explores_a_user_policy(fixes, tmp_path):
     assert report.unique_states > 100
 
 
-def test_check_policy_reports_a_violation(monkeypatch, fixes, tmp_path):
+def test_check_policy_reports_a_violation(monkeypatch, tmp_path):
     import kvstate.planner.alloc as alloc
     from kvstate.testing import PolicyViolation, check_policy
 

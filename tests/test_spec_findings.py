@@ -1,8 +1,8 @@
-"""Reducer findings of the spec (specs/SPEC.md, "Findings"): events the core accepts
-but must reject.  Each test asserts the core rejects the last event of the
-finding's exact sequence, and is an expected failure until the core is fixed
-(``strict``: once fixed, the xfail turns into a failure that says to drop the
-marker and ``tests/spec_fixes.py``).  The spec model already rejects each one.
+"""Reducer findings of the spec (specs/SPEC.md, "Findings"), now regressions.
+
+Each finding is an exact event sequence whose last event the core once
+accepted and must reject.  The spec model rejects it, the core rejects it,
+and the sequence is also committed as a log under ``replay/findings/``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from kvstate.errors import InvalidEvent
 from kvstate.reducer import apply
 from kvstate.state import initial_state
 from specs.abstraction import abstract
+from specs.findings import FINDINGS
 from specs.model import ModelReject, step
-from tests.spec_fixes import FINDINGS, proposed_fixes
 
 
 def _replay_prefix(name):
@@ -33,17 +33,9 @@ def test_spec_rejects_the_final_event(name):
 
 
 @pytest.mark.parametrize("name", sorted(FINDINGS))
-def test_proposed_fix_rejects_the_final_event(name):
-    with proposed_fixes():
-        state, last = _replay_prefix(name)
-        with pytest.raises(InvalidEvent):
-            apply(state, last)
-
-
-@pytest.mark.xfail(strict=True, reason="reducer finding reported to the lead; fix proposed in "
-                                       "tests/spec_fixes.py")
-@pytest.mark.parametrize("name", sorted(FINDINGS))
 def test_core_rejects_the_final_event(name):
     state, last = _replay_prefix(name)
+    before = state.fingerprint()
     with pytest.raises(InvalidEvent):
         apply(state, last)
+    assert state.fingerprint() == before

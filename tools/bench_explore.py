@@ -1,7 +1,6 @@
 """Explorer throughput: ``python -m tools.bench_explore [--scopes a,b] [--depth N]``.
 
-Runs each scope with the proposed reducer fixes installed, with and without
-the spec-model check, and prints one markdown row per run: unique states,
+Runs each scope with and without the spec-model check, and prints one markdown row per run: unique states,
 edges, wall and CPU seconds, states per wall second and per CPU second
 (CPU time is the number to compare on a shared machine).
 """
@@ -19,9 +18,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scopes", default="tiny,paged,tree,core6,planner")
     parser.add_argument("--depth", type=int, default=None)
     args = parser.parse_args(argv)
-    from tests.spec_fixes import install
-
-    install()
     print("| scope | model | states | edges | wall s | CPU s | states/s (wall) | states/CPU-s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.scopes.split(","):

@@ -116,7 +116,7 @@ def _expect(path: Path, description: str, **extra: Any) -> dict[str, Any]:
 def build(out_dir: Path) -> dict[str, dict[str, Any]]:
     """Write every corpus log under ``out_dir``; returns name -> expectation."""
     expectations: dict[str, dict[str, Any]] = {}
-    for sub in ("seed", "synthetic", "failing", "malformed"):
+    for sub in ("seed", "synthetic", "failing", "malformed", "findings"):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
 
     def add(name: str, description: str, make: Callable[[Path], None], **extra: Any) -> Path:
@@ -144,6 +144,12 @@ def build(out_dir: Path) -> dict[str, dict[str, Any]]:
         lambda p: _append_unchecked(p, geometry1, bad))
     add("failing/bad_checkpoint.kvlog", "the seed 001 log with its first checkpoint's fingerprint "
         "altered (CRC recomputed): a fingerprint mismatch", lambda p: _corrupt_checkpoint(seed1, p))
+    from specs.findings import FINDINGS
+
+    for finding, (finding_geometry, finding_events) in sorted(FINDINGS.items()):
+        add(f"findings/{finding}.kvlog", f"spec finding {finding}: the core once accepted the last "
+            "event; now the reducer refuses it (specs/SPEC.md, Findings)",
+            lambda p, g=finding_geometry, e=finding_events: _append_unchecked(p, g, e))
     demo = out_dir / DEMO
     add("malformed/torn_tail.kvlog", "the demo log cut in the middle of its 10th record (a crash "
         "while writing)", lambda p: None if _truncate_mid_record(demo, p) < 0 else None)

@@ -36,6 +36,27 @@ def check_time(state: State, time: int) -> None:
         raise Reject(f"logical time {time} is before the clock {state.clock}")
 
 
+def adjust_tree_refs(
+    tree_refs: Map[int, int], pages: Iterable[int], delta: int
+) -> Map[int, int]:
+    """Add ``delta`` to the unheld-reference count of each page (dropping zeros)."""
+    with tree_refs.mutate() as out:
+        for page in pages:
+            count = out.get(page, 0) + delta
+            if count:
+                out[page] = count
+            else:
+                del out[page]
+        result = out.finish()
+    return result
+
+
+def unheld_tree_pages(state: State, request_id: RequestId, pages: Iterable[int]) -> list[int]:
+    """Those of ``pages`` that are tree pages ``request_id`` maps without holding."""
+    page_node, holders = state.page_node, state.holders
+    return [p for p in pages if p in page_node and request_id not in holders.get(p, ())]
+
+
 def release_holds(
     holders: Map[int, tuple[RequestId, ...]],
     page_node: Map[int, int],

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from kvstate.events import Allocate, Append, Assign, Copy, Free, Share, Truncate
 from kvstate.reducer import Reject, handles
-from kvstate.reducer.common import check_distinct, check_page_id, check_request, release_holds
+from kvstate.reducer.common import (
+    adjust_tree_refs,
+    check_distinct,
+    check_page_id,
+    check_request,
+    release_holds,
+    unheld_tree_pages,
+)
 from kvstate.state import DETACHED, Request, State, expand_pages
 
 
@@ -56,8 +63,9 @@ def allocate(state: State, event: Allocate) -> State:
             new_pages = [slot // size for slot in slots[head::size]]
             if head:
                 partial = record.pages[-1]
-                if request_id not in state.holders.get(partial, ()):
-                    raise Reject(f"request {request_id!r} does not hold its partial page {partial}")
+                if state.holders.get(partial) != (request_id,) or partial in state.page_node:
+                    raise Reject(f"request {request_id!r} must hold its partial page {partial} "
+                                 "alone to append into it (shared pages need copy-on-write)")
                 first_slot = partial * size + offset
                 continues = slots[:head]
                 if continues[0] != first_slot or (
@@ -147,6 +155,11 @@ def assign(state: State, event: Assign) -> State:
         raise Reject(f"page {min(clash)} would appear twice in request {request_id!r}'s table")
     holders = state.holders
     before = set(replaced)
+    kept = set(written)
+    referenced = unheld_tree_pages(state, request_id, [p for p in written if p not in before])
+    unreferenced = unheld_tree_pages(state, request_id, [p for p in replaced if p not in kept])
+    tree_refs = adjust_tree_refs(state.tree_refs, referenced, +1)
+    tree_refs = adjust_tree_refs(tree_refs, unreferenced, -1)
     with holders.mutate() as out:
         for page in written:
             if page in before or page in state.page_node:
@@ -161,12 +174,11 @@ def assign(state: State, event: Assign) -> State:
                 raise Reject(f"page {page} is not allocated to request {request_id!r}"
                              f" (holders {list(held)})")
         holders = out.finish()
-    kept = set(written)
     holders = release_holds(holders, state.page_node, request_id,
                             [p for p in replaced if p not in kept])
     table = old_pages[:first].extend(written).extend(old_pages[last + 1:])
     new_record = Request(table, allocated, min(record.committed, allocated))
-    return state.with_changes(holders=holders,
+    return state.with_changes(holders=holders, tree_refs=tree_refs,
                               requests=state.requests.set(request_id, new_record))
 
 
@@ -180,9 +192,10 @@ def truncate(state: State, event: Truncate) -> State:
     kept_pages = record.pages[:keep]
     kept = set(kept_pages)
     dropped = [p for p in record.pages[keep:] if p not in kept]
+    tree_refs = adjust_tree_refs(state.tree_refs, unheld_tree_pages(state, event.request, dropped), -1)
     holders = release_holds(state.holders, state.page_node, event.request, dropped)
     new_record = Request(kept_pages, event.length, min(record.committed, event.length))
-    return state.with_changes(holders=holders,
+    return state.with_changes(holders=holders, tree_refs=tree_refs,
                               requests=state.requests.set(event.request, new_record))
 
 
@@ -233,6 +246,9 @@ def share(state: State, event: Share) -> State:
         elif not pages or pages[-1] != page:
             raise Reject(f"slot {slot} is not in the page being shared")
     check_distinct(pages, "page")
+    already = set(record.pages).intersection(pages)
+    if already:
+        raise Reject(f"page {min(already)} is already in request {request_id!r}'s table")
     holders = state.holders
     with holders.mutate() as out:
         for page in pages:

@@ -7,7 +7,13 @@ from immutables import Map
 from kvstate.events import ReqAlloc, ReqFree, Reset
 from kvstate.freequeue import FreeQueue
 from kvstate.reducer import Reject, handles
-from kvstate.reducer.common import check_distinct, check_request, release_holds
+from kvstate.reducer.common import (
+    adjust_tree_refs,
+    check_distinct,
+    check_request,
+    release_holds,
+    unheld_tree_pages,
+)
 from kvstate.state import EMPTY_REQUEST, ROOT, Node, State
 
 
@@ -49,9 +55,11 @@ def req_free(state: State, event: ReqFree) -> State:
     for request_id in event.requests:
         check_request(state, request_id)
     holders = state.holders
+    tree_refs = state.tree_refs
     for request_id in event.requests:
-        holders = release_holds(holders, state.page_node, request_id,
-                                state.requests[request_id].pages)
+        table = state.requests[request_id].pages
+        tree_refs = adjust_tree_refs(tree_refs, unheld_tree_pages(state, request_id, table), -1)
+        holders = release_holds(holders, state.page_node, request_id, table)
     with state.requests.mutate() as requests:
         for request_id in event.requests:
             del requests[request_id]
@@ -62,6 +70,7 @@ def req_free(state: State, event: ReqFree) -> State:
         holders=holders,
         requests=new_requests,
         free_rows=state.free_rows.push_head(reversed(freed_rows)),
+        tree_refs=tree_refs,
     )
 
 
@@ -93,6 +102,10 @@ def reset(state: State, event: Reset) -> State:
 
 
 def _reset_tree(state: State) -> State:
+    if state.tree_refs:
+        page = min(state.tree_refs.keys())
+        raise Reject(f"tree page {page} is still mapped by a request that does not hold it; "
+                     "close or truncate those requests before resetting the tree")
     root = state.root
     freed = sorted(p for p in state.page_node.keys() if p not in state.holders)
     new_root = Node(parent=-1, key=(), pages=(), children=Map(), lock_ref=1,

@@ -17,8 +17,8 @@ from immutables import Map
 
 from kvstate.events import Evict, Insert, Lock, Split, Touch, Unlock
 from kvstate.reducer import Reject, handles
-from kvstate.reducer.common import check_distinct, check_page_id, check_time
-from kvstate.state import ROOT, Node, State, expand_pages
+from kvstate.reducer.common import adjust_tree_refs, check_distinct, check_page_id, check_time
+from kvstate.state import DETACHED, ROOT, Node, State, expand_pages
 
 
 def _node(state: State, node_id: int) -> Node:
@@ -75,7 +75,11 @@ def insert(state: State, event: Insert) -> State:
     leaves = state.leaves
     if event.parent in leaves:
         leaves = leaves.delete(event.parent)
-    return state.with_changes(nodes=nodes, holders=holders, page_node=page_node,
+    tree_refs = state.tree_refs
+    if event.owner != DETACHED and event.owner in state.requests:
+        # The owner keeps mapping the pages; its hold moved to the tree.
+        tree_refs = adjust_tree_refs(tree_refs, pages, +1)
+    return state.with_changes(nodes=nodes, holders=holders, page_node=page_node, tree_refs=tree_refs,
                               next_node_id=event.node + 1, clock=event.time,
                               evictable_size=state.evictable_size + len(key),
                               leaves=leaves.set(event.node, None))
@@ -148,7 +152,14 @@ def lock(state: State, event: Lock) -> State:
 
 @handles(Unlock)
 def unlock(state: State, event: Unlock) -> State:
-    _node(state, event.node)
+    target = _node(state, event.node)
+    if event.node != ROOT and target.lock_ref == 0:
+        raise Reject(f"unlock of node {event.node} below zero (lock_ref is 0)")
+    if event.node != ROOT:
+        below = sum(state.nodes[child].lock_ref for child in target.children.values())
+        if target.lock_ref - below <= 0:
+            raise Reject(f"node {event.node} holds no lock of its own "
+                         f"(lock_ref {target.lock_ref}, {below} from its children)")
     moved = 0
     freed_leaf: int | None = None
     with state.nodes.mutate() as out:
@@ -184,6 +195,10 @@ def evict(state: State, event: Evict) -> State:
             raise Reject(f"node {node_id} is locked (lock_ref {node.lock_ref})")
         if len(node.children) > 0:
             raise Reject(f"node {node_id} is not a leaf ({len(node.children)} children)")
+        mapped = [p for p in node.pages if p in state.tree_refs]
+        if mapped:
+            raise Reject(f"node {node_id} page {mapped[0]} is still mapped by a request "
+                         "(evicting it would be a use after free)")
         parent = nodes[node.parent]
         child_key = state.geometry.child_key(node.key)
         parent = _evolve(parent, children=parent.children.delete(child_key))

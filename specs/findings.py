@@ -1,0 +1,30 @@
+"""Findings of the spec: event sequences whose last event the core once accepted.
+
+Each must now be rejected by the spec model and by the core (fixed in the
+reducer; see specs/SPEC.md, "Findings").  Kept as data so the regression
+test and the replay corpus (``replay/findings/``) share one source.
+"""
+
+from __future__ import annotations
+
+from kvstate import events as ev
+from kvstate.state import Geometry
+
+# name -> (geometry, events; the last one must be rejected)
+FINDINGS: dict[str, tuple[Geometry, list[ev.Event]]] = {
+    "F1-evict-mapped-tree-page": (Geometry(2, 1, 2, 2), [
+        ev.ReqAlloc((1,)), ev.Allocate((1,), ((1, (1,)),)),
+        ev.Insert(0, (1,), (1,), 1, 1, 1), ev.Evict((1,), False)]),
+    "F2-reset-tree-under-mapped-page": (Geometry(2, 1, 2, 2), [
+        ev.ReqAlloc((1,)), ev.Allocate((1,), ((1, (1,)),)),
+        ev.Insert(0, (1,), (1,), 1, 1, 1), ev.Reset("tree")]),
+    "F3-append-into-shared-page": (Geometry(2, 2, 2, 4), [
+        ev.ReqAlloc((1,)), ev.ReqAlloc((2,)), ev.Allocate((1,), ((1, (2,)),)),
+        ev.Share(2, 0, (2, 3)), ev.Allocate((), ((1, (3,)),))]),
+    "F4-unlock-ancestor-without-own-lock": (Geometry(2, 1, 2, 2), [
+        ev.Allocate((1,)), ev.Allocate((2,)), ev.Insert(0, (1,), (1,), 1, 1, 0),
+        ev.Insert(1, (1,), (2,), 2, 2, 0), ev.Lock(2), ev.Unlock(1)]),
+    "F5-share-page-already-in-table": (Geometry(2, 1, 2, 2), [
+        ev.ReqAlloc((1,)), ev.Allocate((1,), ((1, (1,)),)),
+        ev.Insert(0, (1,), (1,), 1, 1, 1), ev.Share(1, 1, (1,))]),
+}
