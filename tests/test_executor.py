@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from pyrsistent import pvector
 
 from kvstate import Engine, Geometry, ModelConfig
+from kvstate.errors import InvalidEvent
 from kvstate.events import Allocate, Assign, Copy, Free, ReqAlloc, ReqFree, Share
 from kvstate.executor import (
     HostPool,
@@ -345,10 +346,18 @@ def test_integrity_catches_a_missed_copy_on_write():
     engine.apply(ReqAlloc((1, 2)))
     engine.commit(plan_extend(engine.state, [(1, 3)], at_head=True))
     engine.apply(Share(2, 0, tuple(engine.state.slots_of(1))))  # shares the partial page too
-    engine.commit(plan_decode(engine.state, [2], at_head=True))  # writes into the shared page
-    engine.commit(plan_decode(engine.state, [1], at_head=True))  # ... and so does request 1
+    # The core refuses an append into a shared page (spec finding F3) ...
+    with pytest.raises(InvalidEvent, match="alone"):
+        engine.commit(plan_decode(engine.state, [2], at_head=True))
+    # ... and if the bytes are written there anyway (a kernel ignoring the metadata),
+    # integrity mode sees another holder's token change under it.
+    shared_slot = engine.state.slots_of(1)[2]
+    for layer in range(CONFIG.num_layers):
+        k, v = executor.get_kv_buffer(layer)
+        executor.set_kv_buffer(layer, torch.tensor([shared_slot]), torch.ones_like(k[:1]),
+                               torch.ones_like(v[:1]))
     report = monitor.verify()
-    assert not report.ok and "request 2 position 3" in str(report)
+    assert not report.ok and "position 2" in str(report)
 
 
 def test_integrity_holds_with_copy_on_write():

@@ -4,5 +4,4 @@ from __future__ import annotations
 
 from kvstate.testing.machine import SpecMachine
 
-
 TestSpecMachine = SpecMachine.TestCase

@@ -27,10 +27,16 @@ def fifo_priority(state: State, node_id: int) -> tuple[int, int]:
     return (node_id, node_id)  # node ids are handed out in creation order
 
 
+def _mapped(state: State, node_id: int) -> bool:
+    """A request maps this node's pages without holding them (an unlocked prefix: never evict)."""
+    tree_refs = state.tree_refs
+    return bool(tree_refs) and any(page in tree_refs for page in state.nodes[node_id].pages)
+
+
 def evictable_leaves(state: State) -> list[int]:
-    """Unlocked childless nodes below the root: the state's index in radix mode."""
+    """Unlocked childless nodes below the root that no request still maps."""
     if state.geometry.mode == "radix":
-        return list(state.leaves.keys())
+        return [n for n in state.leaves.keys() if not _mapped(state, n)]
     return [
         node_id
         for node_id, node in state.nodes.items()
@@ -56,7 +62,7 @@ def eviction_order(state: State, num_tokens: int, priority: Priority = lru_prior
             continue
         left = remaining_children.get(parent_id, len(nodes[parent_id].children)) - 1
         remaining_children[parent_id] = left
-        if left == 0 and nodes[parent_id].lock_ref == 0:
+        if left == 0 and nodes[parent_id].lock_ref == 0 and not _mapped(state, parent_id):
             heapq.heappush(heap, (priority(state, parent_id), parent_id))
     return order
 
