@@ -87,8 +87,9 @@ def scaling(num_pages: int, repeats: int = 5) -> dict[str, float]:
     }
 
 
-def run_sim(python: str, peer: str, page_size: int, extra: list[str], env: dict[str, str]) -> dict:
-    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{peer}-{page_size}.json"
+def run_sim(python: str, peer: str, page_size: int, extra: list[str], env: dict[str, str],
+            tag: str = "") -> dict:
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{peer}-{page_size}{tag}.json"
     cmd = [python, str(PEERS_DIR / "sim.py"), "--peer", peer, "--page-size", str(page_size),
            *extra, "--out", str(out)]
     subprocess.run(cmd, check=True, env=env, capture_output=True, cwd=PEERS_DIR)
@@ -99,7 +100,9 @@ def peers_table(requests: int, trace: str | None) -> list[dict]:
     peers_home = Path(os.environ.get("PEERS", Path.home() / "kvstate-peers"))
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'tools'}:{PEERS_DIR}")
     configs = [(sys.executable, "peer_kvstate", 16, "kvstate (page 16)"),
-               (sys.executable, "peer_kvstate", 1, "kvstate (page 1)")]
+               (sys.executable, "peer_kvstate", 16, "kvstate (page 16, GC tuned)"),
+               (sys.executable, "peer_kvstate", 1, "kvstate (page 1)"),
+               (sys.executable, "peer_kvstate", 1, "kvstate (page 1, GC tuned)")]
     if (peers_home / "venv-vllm/bin/python").exists():
         configs.append((str(peers_home / "venv-vllm/bin/python"), "peer_vllm", 16, "vLLM 0.33 (block 16)"))
     if (peers_home / "venv-sglang/bin/python").exists():
@@ -114,7 +117,9 @@ def peers_table(requests: int, trace: str | None) -> list[dict]:
     rows = []
     for workload, extra in workloads:
         for python, peer, page_size, label in configs:
-            result = run_sim(python, peer, page_size, extra, env)
+            tuned = "GC tuned" in label
+            run_env = dict(env, KVSTATE_GC_TUNED="1") if tuned else env
+            result = run_sim(python, peer, page_size, extra, run_env, "-gc" if tuned else "")
             rows.append({"workload": workload, "peer": label, **{k: result[k] for k in (
                 "us_per_decode_request_step", "us_per_admission", "us_per_finish",
                 "hit_rate_tokens", "evicted_tokens")}})

@@ -47,6 +47,7 @@ def allocate(state: State, event: Allocate) -> State:
     fresh = set(pages)
     used: set[int] = set()
     requests = state.requests
+    holders_get, page_node = state.holders.get, state.page_node
     with holders.mutate() as out_holders, requests.mutate() as out_requests:
         for request_id, slots in event.items:
             record = out_requests.get(request_id)
@@ -59,6 +60,16 @@ def allocate(state: State, event: Allocate) -> State:
                 raise Reject(f"request {request_id!r} would map {position + len(slots)} tokens,"
                              f" past the row width {width}")
             offset = position % size
+            if offset and len(slots) == 1:
+                # Decode fast path: one token continuing the request's own partial page.
+                partial = record.pages[-1]
+                if holders_get(partial) != (request_id,) or partial in page_node:
+                    raise Reject(f"request {request_id!r} must hold its partial page {partial} "
+                                 "alone to append into it (shared pages need copy-on-write)")
+                if slots[0] != partial * size + offset:
+                    _explain_slots(slots, (partial * size + offset,), position, size)
+                out_requests[request_id] = Request(record.pages, position + 1, record.committed)
+                continue
             head = (size - offset) % size  # slots that continue the current partial page
             new_pages = [slot // size for slot in slots[head::size]]
             if head:
