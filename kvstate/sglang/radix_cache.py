@@ -16,6 +16,7 @@ import torch
 
 from kvstate.engine import Engine
 from kvstate.events import Allocate, Lock, Reset, Unlock
+from kvstate.log.inspect import show_tree
 from kvstate.planner import plan_evict, plan_insert, plan_match
 from kvstate.planner.builder import PlanBuilder
 from kvstate.planner.requests import RequestCursor, plan_checkpoint, plan_release
@@ -24,7 +25,7 @@ from kvstate.sglang.allocator import TokenToKVPoolAllocator
 from kvstate.sglang.binding import FrontEndMixin
 from kvstate.sglang.pool import ReqToTokenPool
 from kvstate.sglang.req import Req
-from kvstate.sglang.tree_view import TreeNode, format_tree
+from kvstate.sglang.tree_view import TreeNode
 from kvstate.state import DETACHED, ROOT
 
 _EMPTY = torch.empty((0,), dtype=torch.int64)
@@ -128,7 +129,7 @@ class RadixCache(FrontEndMixin):
         return self.engine.state.total_size()
 
     def pretty_print(self) -> None:
-        print(format_tree(self.engine.state))
+        print(show_tree(self.engine.state))
         print(f"#tokens: {self.total_size()}")
 
     # -- request flows -----------------------------------------------------------

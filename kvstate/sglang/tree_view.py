@@ -1,4 +1,4 @@
-"""Read-only views of the radix tree: ``TreeNode`` handles and a printable tree.
+"""Read-only views of the radix tree: ``TreeNode`` handles.
 
 A handle is just (cache, node id); every attribute reads the cache's current
 state, so handles never go stale across splits.  ``evicted`` is True once
@@ -10,8 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from kvstate.state import ROOT, State
 
 
 class TreeNode:
@@ -64,25 +62,3 @@ class TreeNode:
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id})"
-
-
-def format_tree(state: State, max_tokens: int = 12) -> str:
-    """An indented listing: id, token count, first tokens, pages, lock_ref, access time."""
-    lines: list[str] = []
-    stack = [(ROOT, 0)]
-    while stack:
-        node_id, depth = stack.pop()
-        node = state.nodes[node_id]
-        if node_id == ROOT:
-            lines.append(f"root  lock={node.lock_ref}  tokens={state.total_size()} "
-                         f"(evictable {state.evictable_size}, protected {state.protected_size})")
-        else:
-            shown = list(node.key[:max_tokens])
-            more = "..." if len(node.key) > max_tokens else ""
-            pages = list(node.pages[:6])
-            lines.append(f"{'  ' * depth}#{node_id} len={len(node.key)} key={shown}{more} "
-                         f"pages={pages}{'...' if len(node.pages) > 6 else ''} "
-                         f"lock={node.lock_ref} t={node.last_access}")
-        children = sorted(node.children.values(), reverse=True)
-        stack.extend((child, depth + 1) for child in children)
-    return "\n".join(lines)
