@@ -24,6 +24,7 @@ PINNED = {  # scope: (unique states, edges)
     "paged": (3210, 12287),
     "tree": (1054, 3463),
     "planner": (3334, 9042),
+    "vllm-tiny": (4518, 12680),
 }
 
 

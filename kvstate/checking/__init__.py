@@ -25,6 +25,12 @@ __all__ = ["SCOPES", "EventLevel", "PlannerLevel", "Policy", "Report", "Scope", 
 
 def make_level(scope: Scope, policy: Any = None, *, check_model: bool = True,
                symmetry: bool | None = None) -> Any:
+    if scope.level == "vllm":
+        if policy is not None:
+            raise ValueError("the vLLM level explores vLLM's own policy; --policy does not apply")
+        from kvstate.vllm.explore import VllmLevel
+
+        return VllmLevel(scope)
     if scope.level == "event":
         if policy is not None:
             raise ValueError("a policy applies to planner-level scopes only")
@@ -39,14 +45,17 @@ def run_check(scope: Scope | str, *, policy: Any = None, max_depth: int | None =
     """Explore ``scope`` (BFS, or ``walks`` random walks); write a log on a violation."""
     resolved = SCOPES[scope] if isinstance(scope, str) else scope
     level = make_level(resolved, policy, check_model=check_model, symmetry=symmetry)
+    # The SOMETIMES probes describe radix-tree behaviour; the vLLM level has its own edge checks.
+    probes: tuple[str, ...] | None = () if resolved.level == "vllm" else None
     if walks:
-        report = random_walks(level, walks=walks, depth=walk_depth, seed=seed)
+        report = random_walks(level, walks=walks, depth=walk_depth, seed=seed, probes=probes)
     else:
-        report = explore(level, max_depth=max_depth, state_limit=state_limit)
+        report = explore(level, max_depth=max_depth, state_limit=state_limit, probes=probes)
     if report.violation is not None and log_dir is not None:
         from kvstate.checking.counterexample import write_log
 
         name = "-".join(report.violation.names)
         path = pathlib.Path(log_dir) / f"explore-{name}-{resolved.name}.msgpack"
-        report.log_path = str(write_log(path, geometry_of(resolved), report.violation))
+        geometry = level.state(level.initial()).geometry  # block mode for the vLLM level
+        report.log_path = str(write_log(path, geometry, report.violation))
     return report

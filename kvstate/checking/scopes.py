@@ -18,7 +18,7 @@ COMMANDS = ("admit", "extend", "decode", "checkpoint", "finish", "retract", "evi
 @attrs.frozen
 class Scope:
     name: str
-    level: str  # "event" or "planner"
+    level: str  # "event", "planner" or "vllm"
     num_pages: int
     page_size: int
     num_rows: int
@@ -31,8 +31,8 @@ class Scope:
     description: str = ""
 
     def __attrs_post_init__(self) -> None:
-        if self.level not in ("event", "planner"):
-            raise ValueError(f"level must be 'event' or 'planner', got {self.level!r}")
+        if self.level not in ("event", "planner", "vllm"):
+            raise ValueError(f"level must be 'event', 'planner' or 'vllm', got {self.level!r}")
         allowed = EVENT_KINDS if self.level == "event" else COMMANDS
         unknown = set(self.kinds) - set(allowed)
         if unknown:
@@ -75,3 +75,10 @@ _add(Scope("planner-paged", "planner", num_pages=3, page_size=2, num_rows=2, voc
 _add(Scope("planner-deep", "planner", num_pages=4, page_size=2, num_rows=2, vocab=2,
            max_depth=7, kinds=COMMANDS, prompt_lengths=(1, 2, 3), symmetry=False,
            description="nightly: deeper planner-level search"))
+_add(Scope("vllm-tiny", "vllm", num_pages=3, page_size=1, num_rows=0, vocab=2, max_depth=5,
+           kinds=("admit", "decode", "finish", "evict"), prompt_lengths=(1, 2), symmetry=False,
+           description="vLLM 0.33 front end (kvstate.vllm), block size 1, 4 blocks; CI"))
+_add(Scope("vllm-paged", "vllm", num_pages=3, page_size=2, num_rows=0, vocab=2, max_depth=5,
+           kinds=("admit", "decode", "finish", "evict"), prompt_lengths=(1, 2, 3),
+           symmetry=False,
+           description="vLLM 0.33 front end, block size 2 (partial blocks), 4 blocks"))
