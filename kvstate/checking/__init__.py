@@ -15,7 +15,7 @@ import pathlib
 from typing import Any
 
 from kvstate.checking.explorer import Report, Violation, explore, random_walks
-from kvstate.checking.levels import EventLevel, geometry_of
+from kvstate.checking.levels import EventLevel
 from kvstate.checking.planner_level import PlannerLevel, Policy
 from kvstate.checking.scopes import SCOPES, Scope
 
