@@ -9,6 +9,7 @@ refer to them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import attrs
 
@@ -151,21 +152,42 @@ def _lock_monotonic(state: State) -> Iterator[str]:
 
 @_named("node_shape")
 def _node_shape(state: State) -> Iterator[str]:
-    """Keys and values agree, are page multiples, and the child index is exact."""
+    """Keys and values agree, are page multiples, and the child index is exact.
+
+    Block mode (vLLM): one block of tokens per node, its copies listed once,
+    no empty leaf, children indexed by (tokens, extra keys).
+    """
+    size = state.geometry.page_size
     if state.geometry.mode == "block":
-        yield from _block_node_shape(state)
-        return
-    geometry = state.geometry
-    size = geometry.page_size
+        def key_of(node: Any) -> Any:
+            return block_child_key(node.key, node.extra)
+    else:
+        def key_of(node: Any) -> Any:
+            return state.geometry.child_key(node.key)
+    for node_id, node in state.nodes.items():
+        if node_id == ROOT:
+            continue
+        if state.geometry.mode == "block":
+            if len(node.key) != size:
+                yield f"node {node_id} key length {len(node.key)} is not the block size {size}"
+            if not node.pages and not len(node.children):
+                yield f"node {node_id} has no copy and no child (should have been pruned)"
+            if len(node.pages) != len(set(node.pages)):
+                yield f"node {node_id} lists a copy twice: {list(node.pages)}"
+        elif not node.key or len(node.key) != len(node.pages) * size:
+            yield f"node {node_id} key length {len(node.key)} vs {len(node.pages)} pages"
+    yield from _tree_links(state, key_of)
+
+
+def _tree_links(state: State, key_of: Any) -> Iterator[str]:
+    """Parent and child links, the child index and page ownership agree both ways."""
     for node_id, node in state.nodes.items():
         if node_id != ROOT:
-            if not node.key or len(node.key) != len(node.pages) * size:
-                yield f"node {node_id} key length {len(node.key)} vs {len(node.pages)} pages"
             parent = state.nodes.get(node.parent)
             if parent is None:
                 yield f"node {node_id} has missing parent {node.parent}"
-            elif parent.children.get(geometry.child_key(node.key)) != node_id:
-                yield f"node {node_id} is not indexed under its first page in its parent"
+            elif parent.children.get(key_of(node)) != node_id:
+                yield f"node {node_id} is not indexed under its key in its parent"
             for page in node.pages:
                 if state.page_node.get(page) != node_id:
                     yield f"node {node_id} page {page} is not recorded as its"
@@ -173,7 +195,7 @@ def _node_shape(state: State) -> Iterator[str]:
             child = state.nodes.get(child_id)
             if child is None or child.parent != node_id:
                 yield f"node {node_id} child {child_id} does not point back"
-            elif geometry.child_key(child.key) != child_key:
+            elif key_of(child) != child_key:
                 yield f"node {node_id} indexes child {child_id} under a wrong key"
     for page, owner_id in state.page_node.items():
         owner = state.nodes.get(owner_id)
@@ -258,37 +280,6 @@ def _block_holders(state: State, page: int, held: tuple[RequestId, ...]) -> Iter
             yield f"page {page} is held by closed request {holder!r}"
         elif page not in record.pages:
             yield f"page {page} is held by request {holder!r} but not in its table"
-
-
-def _block_node_shape(state: State) -> Iterator[str]:
-    """One page of tokens per node, copies recorded both ways, no empty leaf, exact index."""
-    size = state.geometry.page_size
-    for node_id, node in state.nodes.items():
-        if node_id != ROOT:
-            if len(node.key) != size:
-                yield f"node {node_id} key length {len(node.key)} is not the block size {size}"
-            if not node.pages and not len(node.children):
-                yield f"node {node_id} has no copy and no child (should have been pruned)"
-            if len(node.pages) != len(set(node.pages)):
-                yield f"node {node_id} lists a copy twice: {list(node.pages)}"
-            parent = state.nodes.get(node.parent)
-            if parent is None:
-                yield f"node {node_id} has missing parent {node.parent}"
-            elif parent.children.get(block_child_key(node.key, node.extra)) != node_id:
-                yield f"node {node_id} is not indexed under its key in its parent"
-            for page in node.pages:
-                if state.page_node.get(page) != node_id:
-                    yield f"node {node_id} page {page} is not recorded as its"
-        for child_key, child_id in node.children.items():
-            child = state.nodes.get(child_id)
-            if child is None or child.parent != node_id:
-                yield f"node {node_id} child {child_id} does not point back"
-            elif block_child_key(child.key, child.extra) != child_key:
-                yield f"node {node_id} indexes child {child_id} under a wrong key"
-    for page, owner_id in state.page_node.items():
-        owner = state.nodes.get(owner_id)
-        if owner is None or page not in owner.pages:
-            yield f"page {page} claims tree node {owner_id}, which does not hold it"
 
 
 def check(state: State, names: tuple[str, ...] | None = None) -> list[Violation]:
