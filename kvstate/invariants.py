@@ -43,14 +43,15 @@ def _conservation(state: State) -> Iterator[str]:
 
     Block mode: free and held partition 1..N; a cached page may be either.
     """
-    if state.geometry.mode == "block":
-        yield from _block_conservation(state)
-        return
+    # In block mode the tree does not hold (a cached page may also be free);
+    # tree pages must still lie in 1..N.
+    block_mode = state.geometry.mode == "block"
     free = list(state.free_pages)
     if len(free) != len(set(free)):
         yield "the free list has a duplicate page"
     free_set = set(free)
-    held = set(state.holders.keys()) | set(state.page_node.keys())
+    tree_pages = set(state.page_node.keys())
+    held = set(state.holders.keys()) if block_mode else set(state.holders.keys()) | tree_pages
     both = free_set & held
     if both:
         yield f"pages both free and held: {sorted(both)[:8]}"
@@ -58,7 +59,7 @@ def _conservation(state: State) -> Iterator[str]:
     missing = universe - free_set - held
     if missing:
         yield f"pages neither free nor held (leaked): {sorted(missing)[:8]}"
-    stray = (free_set | held) - universe
+    stray = (free_set | held | tree_pages) - universe
     if stray:
         yield f"pages outside 1..N (page 0 is reserved): {sorted(stray)[:8]}"
 
@@ -250,24 +251,6 @@ def _clock(state: State) -> Iterator[str]:
 
 
 # -- block mode (vLLM V1 block pool) ----------------------------------------------
-def _block_conservation(state: State) -> Iterator[str]:
-    free = list(state.free_pages)
-    if len(free) != len(set(free)):
-        yield "the free list has a duplicate page"
-    free_set = set(free)
-    held = set(state.holders.keys())
-    both = free_set & held
-    if both:
-        yield f"pages both free and held: {sorted(both)[:8]}"
-    universe = set(range(1, state.geometry.num_pages + 1))
-    missing = universe - free_set - held
-    if missing:
-        yield f"pages neither free nor held (leaked): {sorted(missing)[:8]}"
-    stray = (free_set | held | set(state.page_node.keys())) - universe
-    if stray:
-        yield f"pages outside 1..N (page 0 is the null block): {sorted(stray)[:8]}"
-
-
 def _block_holders(state: State, page: int, held: tuple[RequestId, ...]) -> Iterator[str]:
     if not held:
         yield f"page {page} has an empty holder entry"
