@@ -78,8 +78,7 @@ class Engine:
         if plan.events:
             if self._listeners:
                 # Listeners see the state after each event (the plan kept them all).
-                states = plan.states or _replayed(self._state, plan.events)
-                for event, state in zip(plan.events, states, strict=True):
+                for event, state in zip(plan.events, plan.states, strict=True):
                     self._state = state
                     self._record(event, state)
                 return plan.result
@@ -93,14 +92,6 @@ class Engine:
             self._events.append(event)
         for listener in self._listeners:
             listener(event, state)
-
-
-def _replayed(state: State, events: Sequence[Event]) -> list[State]:
-    out = []
-    for event in events:
-        state = reduce(state, event)
-        out.append(state)
-    return out
 
 
 def _geometry_fields(geometry: Geometry) -> dict[str, Any]:

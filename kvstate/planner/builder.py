@@ -25,7 +25,7 @@ class Plan(Generic[R]):
     state: State
     result: R
     base: State  # the state the plan was computed from
-    states: tuple[State, ...] = ()  # the state after each event (same length as events)
+    states: tuple[State, ...]  # the state after each event (same length as events)
 
 
 class PlanBuilder:

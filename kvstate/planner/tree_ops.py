@@ -79,10 +79,6 @@ def _walk(state: State, key: tuple[int, ...]) -> _Walk:
     return _Walk(tuple(visited), node_id, position, None, 0, tuple(pages))
 
 
-def _slots(pages: Sequence[int], size: int) -> tuple[int, ...]:
-    return expand_pages(pages, size)
-
-
 def plan_match(state: State, key: Sequence[int], *, limit: int | None = None) -> Plan[MatchResult]:
     """Longest page-aligned cached prefix of ``key[:limit]``, splitting a partly matched node."""
     size = state.geometry.page_size
@@ -101,7 +97,7 @@ def plan_match(state: State, key: Sequence[int], *, limit: int | None = None) ->
         builder.emit(Split(walk.split_node, walk.split_at, new_id, time + 1))
         pages.extend(builder.state.nodes[new_id].pages)
         last, length = new_id, walk.position + walk.split_at
-    return builder.done(MatchResult(_slots(pages, size), last, length))
+    return builder.done(MatchResult(expand_pages(pages, size), last, length))
 
 
 def plan_insert(

@@ -12,9 +12,11 @@ references only.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
 from kvstate.engine import Engine
-from kvstate.state import Geometry
+from kvstate.events import Event
+from kvstate.state import Geometry, State
 
 _open_engines: list[weakref.ref[Engine]] = []
 
@@ -25,11 +27,11 @@ class FrontEndMixin:
     engine: Engine
 
     @property
-    def state(self):  # type: ignore[no-untyped-def]
+    def state(self) -> State:
         return self.engine.state
 
     @property
-    def events(self):  # type: ignore[no-untyped-def]
+    def events(self) -> Sequence[Event]:
         return self.engine.events
 
 

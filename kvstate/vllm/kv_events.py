@@ -1,9 +1,7 @@
 """vLLM KV-cache events and their msgpack wire forms.
 
-The classes carry vLLM 0.33's class and attribute names
-(``vllm.distributed.kv_events``) but are immutable: sequences are stored as
-tuples (lists passed in are converted), so events are hashable and can be
-shared freely.  Nothing in this module mutates an event or a batch.
+The event classes (``kvstate.vllm.kv_event_types``, re-exported here) carry
+vLLM 0.33's names and are immutable.  Nothing here mutates an event or a batch.
 
 Two wire forms (``format=`` of :func:`encode_event_batch`):
 
@@ -29,11 +27,24 @@ Malformed input raises :class:`KVEventDecodeError`, never a bare msgpack error.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeAlias
+from collections.abc import Callable
+from typing import Any, Literal
 
-import attrs
 import msgpack
+
+from kvstate.vllm.kv_event_types import (
+    MEDIUM_CPU,
+    MEDIUM_GPU,
+    MEDIUM_STORAGE,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    ExternalBlockHash,
+    KVCacheEvent,
+    KVEventBatch,
+    KVEventDecodeError,
+    KVEventEncodeError,
+)
 
 __all__ = [
     "MEDIUM_CPU",
@@ -51,117 +62,11 @@ __all__ = [
     "encode_event_batch",
 ]
 
-MEDIUM_GPU = "GPU"
-MEDIUM_CPU = "CPU"
-MEDIUM_STORAGE = "STORAGE"
-
-ExternalBlockHash: TypeAlias = int | bytes
-"""A published block hash: the digest's low 64 bits (vLLM's default), the raw
-digest bytes, or a signed int64 (SGLang)."""
-
 WireFormat = Literal["map", "array"]
 
 _INT_MIN = -(1 << 63)
 _UINT_LIMIT = 1 << 64
 _MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
-
-
-class KVEventDecodeError(ValueError):
-    """The bytes are not a KV event batch in either wire form."""
-
-
-class KVEventEncodeError(ValueError):
-    """A batch holds a value that has no msgpack encoding (e.g. an int beyond 64 bits)."""
-
-
-def _deep_tuple(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return tuple(_deep_tuple(item) for item in value)
-    return value
-
-
-def _hashes(values: Sequence[ExternalBlockHash]) -> tuple[ExternalBlockHash, ...]:
-    return tuple(values)
-
-
-def _ints(values: Sequence[int]) -> tuple[int, ...]:
-    return tuple(values)
-
-
-def _optional_keys(
-    values: Sequence[Sequence[Any] | None] | None,
-) -> tuple[tuple[Any, ...] | None, ...] | None:
-    if values is None:
-        return None
-    return tuple(None if keys is None else _deep_tuple(keys) for keys in values)
-
-
-def _optional_token_lists(
-    values: Sequence[Sequence[int]] | None,
-) -> tuple[tuple[int, ...], ...] | None:
-    return None if values is None else tuple(tuple(tokens) for tokens in values)
-
-
-@attrs.frozen
-class BlockStored:
-    """Blocks entered the prefix cache (one event per ``cache_full_blocks`` call).
-
-    ``parent_block_hash`` is the hash of the block before ``block_hashes[0]``
-    in the chain, ``None`` at the chain start.  ``extra_keys`` holds one
-    untagged entry per block (see ``hashing.to_event_extra_keys``).
-    """
-
-    block_hashes: tuple[ExternalBlockHash, ...] = attrs.field(converter=_hashes)
-    parent_block_hash: ExternalBlockHash | None
-    token_ids: tuple[int, ...] = attrs.field(converter=_ints)
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = attrs.field(
-        default=None, converter=_optional_keys
-    )
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = attrs.field(
-        default=None, converter=_optional_token_lists
-    )
-
-
-@attrs.frozen
-class BlockRemoved:
-    """Cached blocks were evicted; vLLM emits one per evicted physical block."""
-
-    block_hashes: tuple[ExternalBlockHash, ...] = attrs.field(converter=_hashes)
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-@attrs.frozen
-class AllBlocksCleared:
-    """The whole prefix cache was reset."""
-
-
-KVCacheEvent: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-def _events(values: Sequence[KVCacheEvent]) -> tuple[KVCacheEvent, ...]:
-    return tuple(values)
-
-
-@attrs.frozen
-class KVEventBatch:
-    """One engine step's events; ``ts`` is wall-clock seconds set by the publisher."""
-
-    ts: float = attrs.field(converter=float)
-    events: tuple[KVCacheEvent, ...] = attrs.field(converter=_events)
-    data_parallel_rank: int | None = None
 
 
 # Field layouts in declaration order: (name, always written in map form).

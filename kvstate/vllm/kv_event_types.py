@@ -1,0 +1,119 @@
+"""vLLM 0.33's KV-cache event classes, immutable.
+
+The classes carry vLLM's class and attribute names
+(``vllm.distributed.kv_events``) but store sequences as tuples (lists passed
+in are converted), so events are hashable and can be shared freely.  Their
+msgpack wire forms live in :mod:`kvstate.vllm.kv_events`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import attrs
+
+MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+MEDIUM_STORAGE = "STORAGE"
+
+ExternalBlockHash: TypeAlias = int | bytes
+"""A published block hash: the digest's low 64 bits (vLLM's default), the raw
+digest bytes, or a signed int64 (SGLang)."""
+
+class KVEventDecodeError(ValueError):
+    """The bytes are not a KV event batch in either wire form."""
+
+
+class KVEventEncodeError(ValueError):
+    """A batch holds a value that has no msgpack encoding (e.g. an int beyond 64 bits)."""
+
+
+def _deep_tuple(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_deep_tuple(item) for item in value)
+    return value
+
+
+def _hashes(values: Sequence[ExternalBlockHash]) -> tuple[ExternalBlockHash, ...]:
+    return tuple(values)
+
+
+def _ints(values: Sequence[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _optional_keys(
+    values: Sequence[Sequence[Any] | None] | None,
+) -> tuple[tuple[Any, ...] | None, ...] | None:
+    if values is None:
+        return None
+    return tuple(None if keys is None else _deep_tuple(keys) for keys in values)
+
+
+def _optional_token_lists(
+    values: Sequence[Sequence[int]] | None,
+) -> tuple[tuple[int, ...], ...] | None:
+    return None if values is None else tuple(tuple(tokens) for tokens in values)
+
+
+@attrs.frozen
+class BlockStored:
+    """Blocks entered the prefix cache (one event per ``cache_full_blocks`` call).
+
+    ``parent_block_hash`` is the hash of the block before ``block_hashes[0]``
+    in the chain, ``None`` at the chain start.  ``extra_keys`` holds one
+    untagged entry per block (see ``hashing.to_event_extra_keys``).
+    """
+
+    block_hashes: tuple[ExternalBlockHash, ...] = attrs.field(converter=_hashes)
+    parent_block_hash: ExternalBlockHash | None
+    token_ids: tuple[int, ...] = attrs.field(converter=_ints)
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = attrs.field(
+        default=None, converter=_optional_keys
+    )
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = attrs.field(
+        default=None, converter=_optional_token_lists
+    )
+
+
+@attrs.frozen
+class BlockRemoved:
+    """Cached blocks were evicted; vLLM emits one per evicted physical block."""
+
+    block_hashes: tuple[ExternalBlockHash, ...] = attrs.field(converter=_hashes)
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+@attrs.frozen
+class AllBlocksCleared:
+    """The whole prefix cache was reset."""
+
+
+KVCacheEvent: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+def _events(values: Sequence[KVCacheEvent]) -> tuple[KVCacheEvent, ...]:
+    return tuple(values)
+
+
+@attrs.frozen
+class KVEventBatch:
+    """One engine step's events; ``ts`` is wall-clock seconds set by the publisher."""
+
+    ts: float = attrs.field(converter=float)
+    events: tuple[KVCacheEvent, ...] = attrs.field(converter=_events)
+    data_parallel_rank: int | None = None
