@@ -19,10 +19,12 @@ from typing import IO, Any
 
 from kvstate.log.demo_data import DEMO_NAME, demo_bytes
 from kvstate.log.format import LogFormatError
+from kvstate.log.initial import core_of
 from kvstate.log.inspect import parse_request_id, show_pages, show_request, show_state, show_tree
 from kvstate.log.reader import LogReader
 from kvstate.log.replay import ReplayFailure, ReplayResult, replay
 from kvstate.state import State
+from kvstate.state_host import TieredState
 
 SHOW_CHOICES = ("state", "tree", "req", "pages")
 
@@ -217,18 +219,28 @@ def _report(args: argparse.Namespace, name: str, result: ReplayResult,
         if failure is not None:
             out["error"] = failure.to_json()
         if show is not None:
-            out["show"] = render_show(result.state, show)
+            out["show"] = render_show(core_of(result.state), show)
         print(json.dumps(out))
         return _exit_code(failure)
     print(_summary_text(name, result))
     if show is not None:
-        print(render_show(result.state, show))
+        print(render_show(core_of(result.state), show))
     if result.salvaged is not None:
         print(f"salvage: stopped at byte {result.salvaged.offset}: {result.salvaged.reason}; "
               f"replayed the {summary.events} events before it")
     if failure is not None:
         print(f"FAILED: {failure.describe()}", file=sys.stderr)
     return _exit_code(failure)
+
+
+def _host_text(result: ReplayResult) -> str:
+    state = result.state
+    if not isinstance(state, TieredState):
+        return ""
+    host = state.host
+    used = host.num_pages - len(host.free_pages)
+    return (f"; host tier {host.num_pages} pages ({used} in use, {len(host.backup)} nodes backed up, "
+            f"{len(host.evicted_children)} host-only)")
 
 
 def _summary_text(name: str, result: ReplayResult) -> str:
@@ -240,7 +252,8 @@ def _summary_text(name: str, result: ReplayResult) -> str:
         status += f" (stopped at event {s.events} by --until)"
     return "\n".join([
         f"{name}: {status}",
-        f"  geometry        {g.num_pages} pages x {g.page_size} tokens, {g.num_rows} rows",
+        f"  geometry        {g.num_pages} pages x {g.page_size} tokens, {g.num_rows} rows"
+        + _host_text(result),
         f"  events          {s.events} ({types or 'none'})",
         f"  requests        {s.requests}",
         f"  peak pages used {s.peak_pages_used} of {g.num_pages}",

@@ -56,6 +56,7 @@ def auto_checkpoint_every(geometry: Geometry) -> int:
     """
     return max(DEFAULT_CHECKPOINT_EVERY, 1 << (16 * geometry.num_pages - 1).bit_length())
 CHECKPOINT_TAG = "#c"
+TIERED_INITIAL = "tiered"  # header "initial" of a log whose state has a host tier
 END_TAG = "#e"
 FINGERPRINT_BYTES = 16
 
@@ -91,9 +92,10 @@ class LogHeader:
     initial_fingerprint: bytes = b""
     event_versions: dict[str, int] = attrs.field(factory=dict)
     meta: dict[str, Any] = attrs.field(factory=dict)
+    host_pages: int = 0  # > 0: the run has a host tier of that many pages (a ``TieredState``)
 
     def to_map(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": self.format_version,
             "kvstate_version": self.kvstate_version,
             "geometry": geometry_map(self.geometry),
@@ -103,6 +105,12 @@ class LogHeader:
             "event_versions": dict(sorted(self.event_versions.items())),
             "meta": self.meta,
         }
+        if self.host_pages:
+            # A reader that predates the host tier refuses "tiered" as an unknown
+            # initial state, instead of replaying a tiered log without its host pool.
+            out["initial"] = TIERED_INITIAL
+            out["host_pages"] = self.host_pages
+        return out
 
 
 def geometry_map(geometry: Geometry) -> dict[str, Any]:
@@ -233,8 +241,16 @@ def parse_header(raw: Any, format_version: int, offset: int) -> LogHeader:
     if raw.get("format", format_version) != format_version:
         raise LogFormatError(offset, f"header says format {raw.get('format')!r}, "
                                      f"preamble says {format_version}")
-    if raw.get("initial", "empty") != "empty":
-        raise LogFormatError(offset, f"unsupported initial state {raw.get('initial')!r}")
+    initial = raw.get("initial", "empty")
+    if initial not in ("empty", TIERED_INITIAL):
+        raise LogFormatError(offset, f"unsupported initial state {initial!r}")
+    host_pages = 0
+    if initial == TIERED_INITIAL:
+        host_pages = _require(raw.get("host_pages"), int, "host_pages", offset)
+        if host_pages <= 0:
+            raise LogFormatError(offset, f"a tiered log needs host_pages > 0, got {host_pages}")
+    elif "host_pages" in raw:
+        raise LogFormatError(offset, "host_pages given but the initial state is not tiered")
     geo = _require(raw["geometry"], dict, "geometry", offset)
     known = {field.name for field in attrs.fields(Geometry)}
     unknown = sorted(set(geo) - known)
@@ -254,4 +270,4 @@ def parse_header(raw: Any, format_version: int, offset: int) -> LogHeader:
     meta = _require(raw.get("meta", {}), dict, "meta", offset)
     version_text = _require(raw.get("kvstate_version", ""), str, "kvstate_version", offset)
     return LogHeader(geometry, format_version, version_text, every, fingerprint,
-                     dict(versions), dict(meta))
+                     dict(versions), dict(meta), host_pages)

@@ -27,9 +27,9 @@ from kvstate.errors import InvalidEvent
 from kvstate.events import Allocate, Assign, Event, Evict, ReqAlloc, Share
 from kvstate.invariants import Violation, check
 from kvstate.log.format import Checkpoint, EndRecord, LogFormatError, LogHeader
+from kvstate.log.initial import Applier, ReplayState, applier, core_of, start_state, with_host_checks
 from kvstate.log.reader import LogReader
-from kvstate.reducer import apply
-from kvstate.state import State, initial_state
+from kvstate.state import State
 
 Checker = Callable[[State], list[Violation]]
 EventHook = Callable[[int, Event, State], None]
@@ -110,7 +110,7 @@ class Summary:
 @attrs.define
 class ReplayResult:
     header: LogHeader
-    state: State
+    state: ReplayState  # a TieredState when the log has a host tier (header.host_pages)
     summary: Summary
     failure: ReplayFailure | None = None
     stopped_early: bool = False  # --until reached before the end record
@@ -165,7 +165,7 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
            progress_every: int = 4096) -> ReplayResult:
     """Replay ``reader``'s log; see the module docstring.  ``check_every=0`` never checks."""
     header = reader.header
-    state = initial_state(header.geometry)
+    state = start_state(header)
     summary = Summary()
     result = ReplayResult(header, state, summary)
     started = time.perf_counter()
@@ -175,8 +175,8 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
             "encoding changed since this log was written)", check="initial_state")
     else:
         stats = _Stats(summary, header.geometry.num_pages)
-        state = _run(reader, result, stats, state, check_every, until, checker, verify,
-                     on_event, on_progress, progress_every)
+        state = _run(reader, result, stats, state, applier(header), check_every, until,
+                     with_host_checks(checker), verify, on_event, on_progress, progress_every)
     result.state = state
     summary.seconds = time.perf_counter() - started
     summary.final_fingerprint = state.fingerprint().hex()
@@ -184,9 +184,11 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
     return result
 
 
-def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: State, check_every: int,
-         until: int | None, checker: Checker, verify: bool, on_event: EventHook | None,
-         on_progress: Callable[[int, int], None] | None, progress_every: int) -> State:
+def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: ReplayState,
+         apply: Applier, check_every: int, until: int | None,
+         checker: Callable[[ReplayState], list[Violation]], verify: bool,
+         on_event: EventHook | None, on_progress: Callable[[int, int], None] | None,
+         progress_every: int) -> ReplayState:
     summary = result.summary
     index = 0
     last_checked = 0
@@ -205,12 +207,12 @@ def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: State, c
                     result.failure = ReplayFailure("invalid_event", exc.precondition, index, item,
                                                    "reducer", offset)
                     return state
-                observe(state, item, after)
+                observe(core_of(state), item, core_of(after))
                 state = after
                 last = item
                 index += 1
                 if on_event is not None:
-                    on_event(index - 1, item, state)
+                    on_event(index - 1, item, core_of(state))
                 if check_every and index % check_every == 0:
                     last_checked = index
                     if _violated(result, checker, state, index - 1, item, offset):
@@ -239,7 +241,8 @@ def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: State, c
     return state
 
 
-def _violated(result: ReplayResult, checker: Checker, state: State, index: int,
+def _violated(result: ReplayResult, checker: Callable[[ReplayState], list[Violation]],
+              state: ReplayState, index: int,
               evt: Event | None, offset: int | None) -> bool:
     result.summary.invariant_checks += 1
     violations = checker(state)

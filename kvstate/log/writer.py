@@ -37,6 +37,7 @@ from kvstate.log.format import (
     new_packer,
     preamble,
 )
+from kvstate.log.initial import ReplayState, applier, initial_for, start_state
 from kvstate.state import Geometry, State, initial_state
 
 DEFAULT_FLUSH_BYTES = 1 << 16
@@ -51,15 +52,17 @@ def _kvstate_version() -> str:
 
 
 def make_header(geometry: Geometry, *, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
-                meta: dict[str, Any] | None = None) -> LogHeader:
+                meta: dict[str, Any] | None = None, host_pages: int = 0) -> LogHeader:
+    """The header of a run that starts empty (with a host tier of ``host_pages`` when > 0)."""
     return LogHeader(
         geometry=geometry,
         format_version=FORMAT_VERSION,
         kvstate_version=_kvstate_version(),
         checkpoint_every=checkpoint_every,
-        initial_fingerprint=initial_state(geometry).fingerprint(),
+        initial_fingerprint=initial_for(geometry, host_pages).fingerprint(),
         event_versions={tag: cls.VERSION for tag, cls in EVENT_TYPES.items()},
         meta=dict(meta or {}),
+        host_pages=host_pages,
     )
 
 
@@ -151,16 +154,18 @@ class LogWriter:
 
 def write_log(path: str | os.PathLike[str], geometry: Geometry, events: Iterable[Event], *,
               checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY, meta: dict[str, Any] | None = None,
-              end: bool = True) -> State:
+              end: bool = True, host_pages: int = 0) -> ReplayState:
     """Write a whole log by applying ``events`` to the initial state (they must be valid).
 
-    Checkpoints carry the real fingerprints; returns the final state.
+    With ``host_pages`` the run has a host tier (a ``TieredState``; offload,
+    load and host-free events allowed).  Checkpoints carry the real
+    fingerprints; returns the final state.
     """
-    from kvstate.reducer import apply
-
-    header = make_header(geometry, checkpoint_every=checkpoint_every, meta=meta)
+    header = make_header(geometry, checkpoint_every=checkpoint_every, meta=meta,
+                         host_pages=host_pages)
+    apply = applier(header)
     writer = LogWriter(path, header, fsync=False)
-    state = initial_state(geometry)
+    state = start_state(header)
     try:
         for evt in events:
             state = apply(state, evt)

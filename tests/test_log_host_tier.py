@@ -1,0 +1,140 @@
+"""Logs of runs with a host tier: the header carries the host pool, replay folds the tiered reducer."""
+
+from __future__ import annotations
+
+import json
+
+import msgpack
+import pytest
+
+from kvstate import Geometry, InvalidEvent
+from kvstate.cli import main
+from kvstate.events import ReqAlloc
+from kvstate.events_host import Load, Offload
+from kvstate.log.format import TIERED_INITIAL, LogFormatError, parse_header
+from kvstate.log.reader import LogReader
+from kvstate.log.replay import replay_path
+from kvstate.log.writer import LogWriter, make_header, write_log
+from kvstate.planner.host import (
+    WRITE_BACK,
+    WRITE_THROUGH,
+    TieredBuilder,
+    plan_checkpoint_tiered,
+    plan_evict_tiered,
+    plan_extend_tiered,
+    plan_match_tiered,
+)
+from kvstate.planner.requests import RequestCursor, plan_release
+from kvstate.reducer.host import apply_tiered
+from kvstate.state import initial_state
+from kvstate.state_host import TieredState, tiered
+
+GEOMETRY = Geometry(num_pages=6, page_size=2, num_rows=4, row_width=64)
+HOST_PAGES = 8
+TOKENS = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def tiered_run(policy: str) -> tuple[list, TieredState]:
+    """Cache a prompt, evict it to the host, then hit it again (which loads it back)."""
+    state = tiered(initial_state(GEOMETRY), HOST_PAGES)
+    events: list = []
+
+    def take(new_events, new_state=None):
+        nonlocal state
+        for event in new_events:
+            state = apply_tiered(state, event)
+            events.append(event)
+        assert new_state is None or new_state == state
+
+    take([ReqAlloc((1,))])
+    plan = plan_extend_tiered(state, [(1, 8)], policy=policy, at_head=True)
+    take(plan.events, plan.state)
+    plan = plan_checkpoint_tiered(state, RequestCursor(1), TOKENS, prompt_len=8, up_to=8,
+                                  policy=policy, at_head=True)
+    take(plan.events, plan.state)
+    builder = TieredBuilder(state)
+    builder.adopt(plan_release(state.core, plan.result, TOKENS, prompt_len=8, owned=8,
+                               checkpoint=False, at_head=True))
+    plan_evict_tiered(builder, 100, policy=policy, at_head=True)
+    take(builder.events, builder.state)
+    plan = plan_match_tiered(state, TOKENS, policy=policy, at_head=True)
+    take(plan.events, plan.state)
+    return events, state
+
+
+@pytest.mark.parametrize("policy", [WRITE_THROUGH, WRITE_BACK])
+def test_a_tiered_run_replays_with_its_host_tier(tmp_path, policy):
+    events, final = tiered_run(policy)
+    kinds = {type(event) for event in events}
+    assert Offload in kinds and Load in kinds
+    path = tmp_path / "tiered.kvlog"
+    written = write_log(path, GEOMETRY, events, checkpoint_every=3, host_pages=HOST_PAGES)
+    assert written == final
+    with LogReader(path) as reader:
+        assert reader.header.host_pages == HOST_PAGES
+    result = replay_path(str(path))
+    assert result.ok, result.failure
+    assert isinstance(result.state, TieredState)
+    assert result.state.fingerprint() == final.fingerprint()
+    assert result.summary.events == len(events)
+    assert result.summary.checkpoints_verified == len(events) // 3
+    assert result.summary.invariant_checks == len(events)
+    assert dict(result.state.host.backup) == dict(final.host.backup)
+
+
+def test_a_plain_log_still_replays_from_a_plain_state(tmp_path):
+    path = tmp_path / "plain.kvlog"
+    write_log(path, GEOMETRY, [ReqAlloc((1,))])
+    result = replay_path(str(path))
+    assert result.ok and result.header.host_pages == 0
+    assert not isinstance(result.state, TieredState)
+
+
+def test_host_events_in_a_log_without_a_host_tier_are_refused(tmp_path):
+    events, final = tiered_run(WRITE_THROUGH)
+    # the same events under a header without the host tier
+    with pytest.raises(InvalidEvent, match="needs a host tier"):
+        write_log(tmp_path / "refused.kvlog", GEOMETRY, events)
+    plain = tmp_path / "plain.kvlog"
+    header = make_header(GEOMETRY)
+    assert header.to_map()["initial"] == "empty" and "host_pages" not in header.to_map()
+    writer = LogWriter(plain, header, fsync=False)
+    writer.write_events(events)
+    writer.close(final.fingerprint())
+    first_offload = next(i for i, event in enumerate(events) if isinstance(event, Offload))
+    result = replay_path(str(plain))
+    assert result.failure is not None
+    assert result.failure.kind == "invalid_event"
+    assert result.failure.event_index == first_offload
+    assert "needs a host tier" in result.failure.message
+
+
+def test_header_host_pages_are_validated():
+    good = make_header(GEOMETRY, host_pages=4).to_map()
+    assert good["initial"] == TIERED_INITIAL and good["host_pages"] == 4
+    assert parse_header(good, 1, 10).host_pages == 4
+    missing = dict(good)
+    del missing["host_pages"]
+    with pytest.raises(LogFormatError, match="host_pages has type NoneType"):
+        parse_header(missing, 1, 10)
+    with pytest.raises(LogFormatError, match="needs host_pages > 0"):
+        parse_header({**good, "host_pages": 0}, 1, 10)
+    with pytest.raises(LogFormatError, match="initial state is not tiered"):
+        parse_header({**good, "initial": "empty"}, 1, 10)
+    with pytest.raises(LogFormatError, match="unsupported initial state 'warm'"):
+        parse_header({**good, "initial": "warm"}, 1, 10)
+    # the map packs as plain msgpack
+    assert msgpack.unpackb(msgpack.packb(good))["host_pages"] == 4
+
+
+def test_replay_cli_reports_the_host_tier(tmp_path, capsys):
+    events, final = tiered_run(WRITE_BACK)
+    path = tmp_path / "tiered.kvlog"
+    write_log(path, GEOMETRY, events, host_pages=HOST_PAGES)
+    assert main(["replay", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True
+    assert report["final_fingerprint"] == final.fingerprint().hex()
+    assert main(["replay", str(path), "--show", "tree"]) == 0
+    text = capsys.readouterr().out
+    assert f"host tier {HOST_PAGES} pages" in text
