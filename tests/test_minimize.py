@@ -144,3 +144,32 @@ def test_minimize_a_clean_log_file_raises(tmp_path):
                                             ReqFree(("x",))])
     with pytest.raises(NoFailure):
         minimize_file(path, tmp_path / "out.kvlog")
+
+
+def test_batched_events_are_shrunk_to_the_element_that_fails():
+    geometry = Geometry(num_pages=8, page_size=2, num_rows=4, row_width=16)
+    events = [Allocate((1, 2, 3, 4, 5)), Free((1,)), ReqAlloc((1, 2, 3)), Free((2, 3, 1, 4))]
+    result = minimize_events(geometry, events)
+    assert result.signature == Signature("invalid_event", "Free: page # is already free (double free)")
+    # one event freeing one page that is free: the three other pages of the batch are gone
+    assert len(result.events) == 1
+    (only,) = result.events
+    assert isinstance(only, Free) and len(only.pages) == 1
+    with pytest.raises(InvalidEvent, match="double free"):
+        apply_all(initial_state(geometry), result.events)
+
+
+@pytest.mark.parametrize("checker", [locked_twice, big_tree])
+def test_no_single_batch_reduction_of_the_result_still_fails(workload, checker):
+    from kvstate.log.candidates import batch_reductions, log_weight, replay_candidate
+
+    geometry, events = workload
+    result = minimize_events(geometry, events, checker=checker)
+    target = result.signature
+    minimized = list(result.events)
+    weight = log_weight(minimized)
+    for index, evt in enumerate(minimized):
+        for smaller in batch_reductions(evt, geometry.page_size):
+            candidate = [*minimized[:index], smaller, *minimized[index + 1:]]
+            outcome = replay_candidate(initial_state(geometry), candidate, set(), target, checker)
+            assert outcome.signature != target or log_weight(outcome.events) >= weight, (index, smaller)

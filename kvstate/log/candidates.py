@@ -23,6 +23,7 @@ from kvstate.events import (
     Assign,
     Event,
     Evict,
+    Free,
     Insert,
     Lock,
     ReqAlloc,
@@ -172,4 +173,67 @@ def project(events: Sequence[Event], request: Any, start: int, stop: int,
         if projected is not None:
             out.append(projected)
     out.extend(events[stop + 1:])
+    return out
+
+
+# -- shrinking inside batched events ----------------------------------------------------
+def batch_size(evt: Event) -> int:
+    """How many elements a batched event carries (1 for an event that is not batched)."""
+    if isinstance(evt, (ReqAlloc, ReqFree)):
+        return len(evt.requests)
+    if isinstance(evt, Allocate):
+        # items name the requests the pages go to; without items (a detached
+        # allocation) the pages themselves are the batch
+        return len(evt.items) if evt.items else len(evt.pages)
+    if isinstance(evt, Append):
+        return len(evt.items)
+    if isinstance(evt, Free):
+        return len(evt.pages)
+    if isinstance(evt, (Touch, Evict)):
+        return len(evt.nodes)
+    return 1
+
+
+def log_weight(events: Sequence[Event]) -> int:
+    """The size the minimizer shrinks: one per event plus one per extra batch element."""
+    return sum(batch_size(evt) for evt in events)
+
+
+def _keep(evt: Event, kept: list[int], page_size: int) -> Event:
+    """``evt`` with only the batch elements at positions ``kept``."""
+    if isinstance(evt, (ReqAlloc, ReqFree)):
+        return type(evt)(tuple(evt.requests[i] for i in kept))
+    if isinstance(evt, Append):
+        return Append(tuple(evt.items[i] for i in kept))
+    if isinstance(evt, Free):
+        return attrs.evolve(evt, pages=tuple(evt.pages[i] for i in kept))
+    if isinstance(evt, (Touch, Evict)):
+        return attrs.evolve(evt, nodes=tuple(evt.nodes[i] for i in kept))
+    assert isinstance(evt, Allocate)
+    if not evt.items:
+        return Allocate(tuple(evt.pages[i] for i in kept))
+    items = tuple(evt.items[i] for i in kept)
+    used = {slot // page_size for _, slots in items for slot in slots}
+    return Allocate(tuple(page for page in evt.pages if page in used), items)
+
+
+def batch_reductions(evt: Event, page_size: int) -> list[Event]:
+    """Smaller versions of a batched event, largest cuts first (ddmin inside one event).
+
+    Halves, then quarters, ... down to dropping single elements.  Each
+    reduction keeps at least one element; dropping the whole event is the
+    chunk pass's job.  An ``Allocate`` loses the pages only its dropped items
+    used.
+    """
+    count = batch_size(evt)
+    if count < 2:
+        return []
+    out: list[Event] = []
+    chunk = count // 2
+    while chunk >= 1:
+        for start in range(0, count, chunk):
+            kept = [i for i in range(count) if not start <= i < start + chunk]
+            if kept:
+                out.append(_keep(evt, kept, page_size))
+        chunk //= 2
     return out

@@ -10,7 +10,13 @@ nothing shrinks:
 1. cut everything after the failing event;
 2. drop whole request lifecycles (a request's events from its ``ReqAlloc``
    to its ``ReqFree``, with the request projected out of batched events);
-3. ddmin over chunks (halves, quarters, ... down to single events).
+3. ddmin over chunks (halves, quarters, ... down to single events);
+4. shrink inside batched events (``Free`` pages, ``Evict``/``Touch`` nodes,
+   ``Allocate``/``Append`` items, ``ReqAlloc``/``ReqFree`` requests): drop
+   halves, quarters, ... down to single elements of one event.
+
+A candidate is adopted when it is smaller: fewer events plus batch elements
+(``log_weight``).
 
 Removing events shifts the node ids the reducer hands out, so every
 candidate is *repaired* while it is replayed: node ids are renumbered to the
@@ -36,8 +42,10 @@ from kvstate.invariants import Violation, check
 from kvstate.log.candidates import (
     Checker,
     Signature,
+    batch_reductions,
     created_nodes,
     lifecycles,
+    log_weight,
     project,
     refused_signature,
     replay_candidate,
@@ -90,7 +98,7 @@ class _Search:
         if outcome.signature != self.target:
             return False
         new_events = self.events[:first] + outcome.events
-        if len(new_events) >= len(self.events):
+        if log_weight(new_events) >= log_weight(self.events):
             return False
         self.events = new_events
         self.states = self.states[:first] + outcome.states
@@ -139,6 +147,21 @@ class _Search:
         return shrunk
 
 
+    def batches(self) -> bool:
+        """Shrink batched events in place, latest first (the failing event included)."""
+        shrunk = False
+        index = len(self.events) - 1
+        while index >= 0 and self.tests < self.max_tests:
+            for smaller in batch_reductions(self.events[index], self.geometry.page_size):
+                if self.attempt(index, [smaller, *self.events[index + 1:]], set()):
+                    shrunk = True
+                    break
+            else:
+                index -= 1
+            index = min(index, len(self.events) - 1)
+        return shrunk
+
+
 def minimize_events(geometry: Geometry, events: Sequence[Event], *, checker: Checker | None = None,
                     max_tests: int = 20000) -> MinimizeResult:
     """Shrink ``events`` (which must fail) keeping the failure's kind and check."""
@@ -148,10 +171,11 @@ def minimize_events(geometry: Geometry, events: Sequence[Event], *, checker: Che
         search.checker = lambda state: check(state, (name,))
     original = len(events)
     while True:
-        before = len(search.events)
+        before = log_weight(search.events)
         search.lifecycles()
         search.ddmin()
-        if len(search.events) >= before or search.tests >= max_tests:
+        search.batches()
+        if log_weight(search.events) >= before or search.tests >= max_tests:
             break
     return MinimizeResult(tuple(search.events), search.target, original, search.tests)
 
