@@ -30,6 +30,7 @@ from kvstate.log.format import Checkpoint, EndRecord, LogFormatError, LogHeader
 from kvstate.log.initial import Applier, ReplayState, applier, core_of, start_state, with_host_checks
 from kvstate.log.reader import LogReader
 from kvstate.state import State
+from kvstate.state_host import TieredState
 
 Checker = Callable[[State], list[Violation]]
 EventHook = Callable[[int, Event, State], None]
@@ -129,6 +130,9 @@ class _Stats:
         self.num_pages = num_pages
         self.first_extend: set[Any] = set()  # requests still waiting for their first Allocate
 
+    def observe_tiered(self, before: TieredState, evt: Event, after: TieredState) -> None:
+        self.observe(before.core, evt, after.core)
+
     def observe(self, before: State, evt: Event, after: State) -> None:
         summary = self.summary
         tag = evt.TAG
@@ -192,7 +196,9 @@ def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: ReplaySt
     summary = result.summary
     index = 0
     last_checked = 0
-    observe = stats.observe
+    # one observer for the whole run: a plain log pays no per-event tier test
+    observe: Callable[[Any, Event, Any], None] = (
+        stats.observe_tiered if isinstance(state, TieredState) else stats.observe)
     last: Event | None = None
     try:
         for offset, item in reader.records():
@@ -207,7 +213,7 @@ def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: ReplaySt
                     result.failure = ReplayFailure("invalid_event", exc.precondition, index, item,
                                                    "reducer", offset)
                     return state
-                observe(core_of(state), item, core_of(after))
+                observe(state, item, after)
                 state = after
                 last = item
                 index += 1
