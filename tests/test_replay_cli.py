@@ -235,3 +235,14 @@ def test_parser_builds_with_all_commands():
     parser = build_parser()
     args = parser.parse_args(["replay", "--show", "req", "7"])
     assert args.show == ["req", "7"] and callable(args.func)
+
+
+def test_a_vllm_log_summary_counts_blocks(capsys):
+    log = str(Path(__file__).resolve().parent.parent / "replay" / "vllm" / "prefix_caching_b4.kvlog")
+    assert main(["replay", log]) == 0
+    text = capsys.readouterr().out
+    assert "8 cached blocks taken by requests, 16 blocks allocated" in text
+    assert "2 cached blocks evicted (lazily, on reuse)" in text
+    code, report = run_json(capsys, "replay", log)
+    assert code == 0 and report["summary"]["block_hits"] == 8
+    assert report["summary"]["blocks_uncached"] == 2

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from kvstate.log import Recorder, replay_path, write_log
-from kvstate.log.corpus import double_free, seed_000_radix_example, seed_001_prefix_hit
+from kvstate.log.corpus import (
+    double_free,
+    seed_000_radix_example,
+    seed_001_prefix_hit,
+    tiered_offload_and_load,
+    vllm_prefix_caching,
+)
 from kvstate.log.format import FRAME, LENGTH, MAGIC, PREAMBLE_SIZE
 from kvstate.log.synthetic import SyntheticRun, WorkloadSpec, run_synthetic
 
@@ -116,7 +122,7 @@ def _expect(path: Path, description: str, **extra: Any) -> dict[str, Any]:
 def build(out_dir: Path) -> dict[str, dict[str, Any]]:
     """Write every corpus log under ``out_dir``; returns name -> expectation."""
     expectations: dict[str, dict[str, Any]] = {}
-    for sub in ("seed", "synthetic", "failing", "malformed", "findings"):
+    for sub in ("seed", "synthetic", "failing", "malformed", "findings", "vllm", "tiered"):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
 
     def add(name: str, description: str, make: Callable[[Path], None], **extra: Any) -> Path:
@@ -138,6 +144,17 @@ def build(out_dir: Path) -> dict[str, dict[str, Any]]:
         add(name, f"synthetic SGLang workload: {spec.requests} requests, seed {spec.seed}, page size "
             f"{spec.page_size}, {spec.capacity} tokens of KV, up to {spec.max_running} running",
             lambda p, spec=spec: _record_synthetic(p, spec))
+    vllm_geometry, vllm_events = vllm_prefix_caching()
+    add("vllm/prefix_caching_b4.kvlog", "vLLM front end (block mode): six requests on two shared "
+        "stems, hits, lazy eviction of cached free blocks, reset_prefix_cache",
+        lambda p: write_log(p, vllm_geometry, vllm_events, checkpoint_every=16,
+                            meta={"scenario": "vllm prefix caching"}))
+    for policy in ("write_through", "write_back"):
+        tier_geometry, host_pages, tier_events = tiered_offload_and_load(policy)
+        add(f"tiered/{policy}_hit.kvlog", f"host tier ({policy}): a cached prompt is evicted to "
+            "the host and loaded back by the next hit",
+            lambda p, g=tier_geometry, h=host_pages, e=tier_events, w=policy: write_log(
+                p, g, e, checkpoint_every=4, host_pages=h, meta={"scenario": f"tiered {w}"}))
     bad = double_free(events1, geometry1)
     add("failing/double_free.kvlog", "seed 001 followed by a Free of a page that is already free: "
         "the reducer refuses the last event",

@@ -243,6 +243,17 @@ def _host_text(result: ReplayResult) -> str:
             f"{len(host.evicted_children)} host-only)")
 
 
+def _cache_lines(result: ReplayResult) -> list[str]:
+    s = result.summary
+    if result.header.geometry.mode == "block":
+        return [f"  prefix hits     {s.block_hits} cached blocks taken by requests, "
+                f"{s.blocks_allocated} blocks allocated",
+                f"  evictions       {s.blocks_uncached} cached blocks evicted (lazily, on reuse)"]
+    return [f"  prefix hits     {s.prefix_hit_tokens} tokens, rate {s.prefix_hit_rate:.1%} "
+            f"(of {s.prefix_hit_tokens + s.prefill_tokens} prefill tokens)",
+            f"  evictions       {s.evictions} ({s.evicted_nodes} nodes, {s.evicted_tokens} tokens)"]
+
+
 def _summary_text(name: str, result: ReplayResult) -> str:
     s = result.summary
     g = result.header.geometry
@@ -257,9 +268,7 @@ def _summary_text(name: str, result: ReplayResult) -> str:
         f"  events          {s.events} ({types or 'none'})",
         f"  requests        {s.requests}",
         f"  peak pages used {s.peak_pages_used} of {g.num_pages}",
-        f"  prefix hits     {s.prefix_hit_tokens} tokens, rate {s.prefix_hit_rate:.1%} "
-        f"(of {s.prefix_hit_tokens + s.prefill_tokens} prefill tokens)",
-        f"  evictions       {s.evictions} ({s.evicted_nodes} nodes, {s.evicted_tokens} tokens)",
+        *_cache_lines(result),
         f"  checks          {s.invariant_checks} invariant runs, "
         f"{s.checkpoints_verified} checkpoints verified",
         f"  fingerprint     {s.final_fingerprint}",

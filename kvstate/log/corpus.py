@@ -63,6 +63,77 @@ def seed_001_prefix_hit() -> tuple[Geometry, list[Event]]:
     return geometry, list(engine.events)
 
 
+def vllm_prefix_caching() -> tuple[Geometry, list[Event]]:
+    """vLLM's block pool through ``kvstate.vllm``: shared prefixes, hits, lazy eviction, reset.
+
+    Twelve blocks of 4 tokens.  Six requests share one of two 8-token stems;
+    each is admitted (``get_computed_blocks`` + ``allocate_slots``), decodes
+    two tokens and is freed two requests later, so later requests hit the
+    cached stems and the pool reuses cached free blocks (lazy eviction).
+    Ends with ``reset_prefix_cache``.
+    """
+    from kvstate.vllm import KVCacheManager, Request
+
+    manager = KVCacheManager(12, 4, 64, enable_kv_cache_events=True)
+    stems = ([1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16])
+    requests = [Request(f"r{i}", stems[i % 2] + [20 + i, 21 + i, 22 + i], 4) for i in range(6)]
+    running = []
+    for index, request in enumerate(requests):
+        blocks, hit, _ = manager.get_computed_blocks(request)
+        assert manager.allocate_slots(request, request.num_tokens - hit, hit, blocks) is not None
+        request.num_computed_tokens = request.num_tokens
+        for token in (90 + index, 91 + index):
+            request.append_output_token_ids(token)
+            assert manager.allocate_slots(request, 1) is not None
+            request.num_computed_tokens = request.num_tokens
+        running.append(request)
+        if len(running) > 2:
+            manager.free(running.pop(0))
+    for request in running:
+        manager.free(request)
+    assert manager.reset_prefix_cache()
+    return manager.engine.geometry, list(manager.engine.events)
+
+
+def tiered_offload_and_load(policy: str) -> tuple[Geometry, int, list[Event]]:
+    """A host-tier run: cache a prompt, evict it to the host, hit it again (loaded back).
+
+    Returns the geometry, the host pool's pages and the events.  With
+    ``write_through`` the backup is made when the prompt is inserted; with
+    ``write_back`` when it is evicted.
+    """
+    from kvstate.planner.host import (
+        TieredBuilder,
+        plan_checkpoint_tiered,
+        plan_evict_tiered,
+        plan_extend_tiered,
+        plan_match_tiered,
+    )
+    from kvstate.reducer.host import apply_tiered
+    from kvstate.state import initial_state
+    from kvstate.state_host import tiered
+
+    geometry = Geometry(num_pages=6, page_size=2, num_rows=4, row_width=64)
+    host_pages = 8
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    state = tiered(initial_state(geometry), host_pages)
+    events: list[Event] = [ReqAlloc((1,))]
+    state = apply_tiered(state, events[0])
+    plan = plan_extend_tiered(state, [(1, 8)], policy=policy, at_head=True)
+    events += plan.events
+    plan_c = plan_checkpoint_tiered(plan.state, RequestCursor(1), tokens, prompt_len=8, up_to=8,
+                                    policy=policy, at_head=True)
+    events += plan_c.events
+    builder = TieredBuilder(plan_c.state)
+    builder.adopt(plan_release(plan_c.state.core, plan_c.result, tokens, prompt_len=8, owned=8,
+                               checkpoint=False, at_head=True))
+    plan_evict_tiered(builder, 100, policy=policy, at_head=True)
+    events += builder.events
+    plan_m = plan_match_tiered(builder.state, tokens, policy=policy, at_head=True)
+    events += plan_m.events
+    return geometry, host_pages, events
+
+
 def double_free(events: list[Event], geometry: Geometry) -> list[Event]:
     """The given valid events plus a Free of a page that is already free (refused)."""
     from kvstate.reducer import apply_all

@@ -25,6 +25,7 @@ import attrs
 
 from kvstate.errors import InvalidEvent
 from kvstate.events import Allocate, Assign, Event, Evict, ReqAlloc, Share
+from kvstate.events_block import BlockAlloc, BlockHold, BlockUncache
 from kvstate.invariants import Violation, check
 from kvstate.log.format import Checkpoint, EndRecord, LogFormatError, LogHeader
 from kvstate.log.initial import Applier, ReplayState, applier, core_of, start_state, with_host_checks
@@ -80,6 +81,9 @@ class Summary:
     evictions: int = 0  # Evict events
     evicted_nodes: int = 0
     evicted_tokens: int = 0
+    block_hits: int = 0  # block mode: cached blocks a request took (vLLM prefix hits, BlockHold)
+    blocks_allocated: int = 0  # block mode: blocks taken from the free queue (BlockAlloc)
+    blocks_uncached: int = 0  # block mode: cached blocks evicted (BlockUncache, lazy eviction)
     checkpoints_verified: int = 0
     invariant_checks: int = 0
     seconds: float = 0.0
@@ -101,6 +105,8 @@ class Summary:
             "prefix_hit_tokens": self.prefix_hit_tokens, "prefill_tokens": self.prefill_tokens,
             "prefix_hit_rate": round(self.prefix_hit_rate, 6), "evictions": self.evictions,
             "evicted_nodes": self.evicted_nodes, "evicted_tokens": self.evicted_tokens,
+            "block_hits": self.block_hits, "blocks_allocated": self.blocks_allocated,
+            "blocks_uncached": self.blocks_uncached,
             "checkpoints_verified": self.checkpoints_verified,
             "invariant_checks": self.invariant_checks,
             "seconds": round(self.seconds, 6), "events_per_second": round(self.events_per_second, 1),
@@ -161,6 +167,12 @@ class _Stats:
             summary.evicted_nodes += len(evt.nodes)
             nodes = before.nodes
             summary.evicted_tokens += sum(len(nodes[n].key) for n in evt.nodes if n in nodes)
+        elif isinstance(evt, BlockHold):
+            summary.block_hits += sum(1 for page in evt.pages if page)  # page 0 pads, not a hit
+        elif isinstance(evt, BlockAlloc):
+            summary.blocks_allocated += len(evt.pages)
+        elif isinstance(evt, BlockUncache):
+            summary.blocks_uncached += len(evt.pages)
 
 
 def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
