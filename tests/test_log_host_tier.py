@@ -11,54 +11,27 @@ from kvstate import Geometry, InvalidEvent
 from kvstate.cli import main
 from kvstate.events import ReqAlloc
 from kvstate.events_host import Load, Offload
+from kvstate.log.corpus import tiered_offload_and_load
 from kvstate.log.format import TIERED_INITIAL, LogFormatError, parse_header
 from kvstate.log.reader import LogReader
 from kvstate.log.replay import replay_path
 from kvstate.log.writer import LogWriter, make_header, write_log
-from kvstate.planner.host import (
-    WRITE_BACK,
-    WRITE_THROUGH,
-    TieredBuilder,
-    plan_checkpoint_tiered,
-    plan_evict_tiered,
-    plan_extend_tiered,
-    plan_match_tiered,
-)
-from kvstate.planner.requests import RequestCursor, plan_release
+from kvstate.planner.host import WRITE_BACK, WRITE_THROUGH
 from kvstate.reducer.host import apply_tiered
 from kvstate.state import initial_state
 from kvstate.state_host import TieredState, tiered
 
 GEOMETRY = Geometry(num_pages=6, page_size=2, num_rows=4, row_width=64)
 HOST_PAGES = 8
-TOKENS = [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 def tiered_run(policy: str) -> tuple[list, TieredState]:
-    """Cache a prompt, evict it to the host, then hit it again (which loads it back)."""
+    """Cache a prompt, evict it to the host, then hit it again (the replay/tiered/ scenario)."""
+    geometry, host_pages, events = tiered_offload_and_load(policy)
+    assert geometry == GEOMETRY and host_pages == HOST_PAGES
     state = tiered(initial_state(GEOMETRY), HOST_PAGES)
-    events: list = []
-
-    def take(new_events, new_state=None):
-        nonlocal state
-        for event in new_events:
-            state = apply_tiered(state, event)
-            events.append(event)
-        assert new_state is None or new_state == state
-
-    take([ReqAlloc((1,))])
-    plan = plan_extend_tiered(state, [(1, 8)], policy=policy, at_head=True)
-    take(plan.events, plan.state)
-    plan = plan_checkpoint_tiered(state, RequestCursor(1), TOKENS, prompt_len=8, up_to=8,
-                                  policy=policy, at_head=True)
-    take(plan.events, plan.state)
-    builder = TieredBuilder(state)
-    builder.adopt(plan_release(state.core, plan.result, TOKENS, prompt_len=8, owned=8,
-                               checkpoint=False, at_head=True))
-    plan_evict_tiered(builder, 100, policy=policy, at_head=True)
-    take(builder.events, builder.state)
-    plan = plan_match_tiered(state, TOKENS, policy=policy, at_head=True)
-    take(plan.events, plan.state)
+    for event in events:
+        state = apply_tiered(state, event)
     return events, state
 
 
