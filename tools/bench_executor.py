@@ -15,14 +15,17 @@ Usage (from the repository root)::
 
 Each operation and its baseline run alternately ``--repeats`` times after
 one warm-up; the table gives the best time of each (the least disturbed by
-other load on the machine) and their ratio, the JSON also the median of the
-per-round ratios.  CUDA timings synchronise before and after each run.
+other load on the machine) and their ratio ("best"), and the median of the
+per-round ratios ("median").  The load average at the end of the run and
+the process CPU time go to the JSON.  CUDA timings synchronise before and
+after each run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -85,6 +88,13 @@ def _measure(name: str, num_bytes: int, op: Callable[[], Any], device: torch.dev
         "ratio": base / took,
         "median_ratio": statistics.median(ratios),
     }
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(f"{value:.2f}" for value in os.getloadavg())
+    except OSError:  # pragma: no cover - not on every platform
+        return "unknown"
 
 
 def run(device_name: str, num_pages: int, page_size: int, layers: int, heads: int, head_dim: int,
@@ -151,6 +161,8 @@ def run(device_name: str, num_pages: int, page_size: int, layers: int, heads: in
                      "kv_heads": heads, "head_dim": head_dim, "dtype": "float16",
                      "page_bytes_all_layers": page_bytes, "buffer_bytes": executor.nbytes},
         "repeats": repeats,
+        "load_average": _load_average(),
+        "process_cpu_seconds": round(time.process_time(), 3),
         "rows": rows,
     }
 
@@ -173,11 +185,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     result = run(args.device, args.pages, args.page_size, args.layers, args.heads, args.head_dim,
                  args.moved_pages, args.gather_tokens, args.repeats)
-    print(f"device {result['device']}, torch {result['torch']}, {result['threads']} threads")
-    print(f"{'operation':<72} {'GB/s':>8} {'copy_ GB/s':>10} {'ratio':>6}")
+    print(f"device {result['device']}, torch {result['torch']}, {result['threads']} threads, "
+          f"load average {result['load_average']}")
+    print(f"{'operation':<80} {'GB/s':>8} {'copy_ GB/s':>10} {'best':>6} {'median':>6}")
     for row in result["rows"]:
         print(f"{row['operation']:<80} {row['gb_per_s']:8.2f} {row['baseline_gb_per_s']:10.2f} "
-              f"{row['ratio']:6.2f}")
+              f"{row['ratio']:6.2f} {row['median_ratio']:6.2f}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2)

@@ -7,7 +7,9 @@ and verifies per-token tags; ``host`` is the pinned host pool.  This package
 imports torch; the pure core never imports it.
 
 ``replay_hook`` is what ``kvstate replay --executor cpu|cuda`` calls: it
-rebuilds buffers while replaying a log with integrity mode on.
+rebuilds buffers while replaying a log with integrity mode on, for radix-mode
+(SGLang) and block-mode (vLLM front end, :mod:`kvstate.executor.plan_block`)
+logs alike.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import attrs
 from kvstate.config import ModelConfig
 from kvstate.errors import InvalidEvent
 from kvstate.events import Event
+from kvstate.executor import plan_block  # noqa: F401  (registers the block-mode index planners)
 from kvstate.executor.buffers import TorchExecutor, default_device
 from kvstate.executor.exports import (
     flashinfer_page_table,
@@ -68,19 +71,7 @@ def replay_hook(source: Any, device: str = "cpu", *, events: Iterable[Event] | N
 
     executor = TorchExecutor(model_config, geometry.num_pages, geometry.page_size,
                              dtype=torch.float16, device=device)
-    executor.reset_state(initial)
-    if getattr(geometry, "mode", "radix") != "radix":
-        # Block-mode (vLLM) events have no index planner yet: rebuild, do not claim a check.
-        applied = 0
-        for event in stream:
-            try:
-                executor.apply(event)
-            except InvalidEvent as exc:
-                return ReplayResult(False, f"replay stopped: {exc}", applied)
-            applied += 1
-        return ReplayResult(True, f"{applied} events replayed on {executor.device}; integrity "
-                                  f"mode is not implemented for {geometry.mode!r} geometry (not checked)",
-                            applied)
+    executor.reset_state(initial)  # radix or block mode: both have index planners
     monitor = enable_integrity(executor)
     applied = 0
     checked = 0

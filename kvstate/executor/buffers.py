@@ -4,10 +4,17 @@
 what is where; the executor makes it true in memory.  All memory is allocated
 once, in the constructor.  Layout (P = page size, N = num_pages)::
 
-    _k : [num_layers, (N + 1) * P, num_kv_heads, head_dim]        one allocation
-    _v : [num_layers, (N + 1) * P, num_kv_heads, value_head_dim]  one allocation
+    _k : [num_layers, (N + 1) * P, num_kv_heads, head_dim]        contiguous
+    _v : [num_layers, (N + 1) * P, num_kv_heads, value_head_dim]  contiguous
     k_buffer[layer] = _k[layer]   (a contiguous view, SGLang's per-layer buffer)
     rows 0..P-1 = page 0, the padding sink; page p = rows p*P .. p*P + P - 1
+
+When ``value_head_dim == head_dim`` (the usual case) ``_k`` and ``_v`` are the
+two halves of one ``[2 * num_layers, rows, heads, head_dim]`` allocation, K
+layers first, so one page of every layer's K and V is a single strided view
+(``2 * num_layers`` contiguous pieces) and a page copy is one copy.  Each
+per-layer buffer is still its own contiguous ``[rows, heads, head_dim]``
+block; ``page_views`` holds the per-page views the copies use.
 
 ``MLATorchExecutor`` (:mod:`kvstate.executor.mla`) keeps one latent buffer
 per layer, ``kv_buffer[layer]`` of ``[rows, kv_lora_rank + qk_rope_head_dim]``.
@@ -27,7 +34,15 @@ import torch
 
 from kvstate.config import ModelConfig
 from kvstate.events import Event
-from kvstate.executor.copies import copy_rows, raw_words, slot_runs
+from kvstate.executor.copies import (
+    PageViews,
+    copy_pages_between,
+    copy_rows,
+    copy_slots_within,
+    raw_words,
+    slot_runs,
+    whole_pages,
+)
 from kvstate.executor.plan import IndexPlan, plan_indices
 from kvstate.executor.plan_host import plan_tiered_indices
 from kvstate.reducer import apply as reduce
@@ -182,12 +197,21 @@ class TorchExecutor(_Mirror):
         self.v_head_dim = model_config.value_head_dim
         rows = (num_pages + 1) * page_size
         self.rows = rows
-        self._k = torch.zeros((self.layer_num, rows, self.head_num, self.head_dim),
-                              dtype=dtype, device=self.device)
-        self._v = torch.zeros((self.layer_num, rows, self.head_num, self.v_head_dim),
-                              dtype=dtype, device=self.device)
+        page_tensors: list[torch.Tensor]
+        if self.head_dim == self.v_head_dim:  # K and V in one allocation: one view per page
+            pair = torch.zeros((2 * self.layer_num, rows, self.head_num, self.head_dim),
+                               dtype=dtype, device=self.device)
+            self._k, self._v = pair[: self.layer_num], pair[self.layer_num:]
+            page_tensors = [pair]
+        else:
+            self._k = torch.zeros((self.layer_num, rows, self.head_num, self.head_dim),
+                                  dtype=dtype, device=self.device)
+            self._v = torch.zeros((self.layer_num, rows, self.head_num, self.v_head_dim),
+                                  dtype=dtype, device=self.device)
+            page_tensors = [self._k, self._v]
         self.k_buffer = [self._k[layer] for layer in range(self.layer_num)]
         self.v_buffer = [self._v[layer] for layer in range(self.layer_num)]
+        self.page_views = PageViews(page_tensors, page_size)
         self._check_capacity()
 
     # -- sizes ------------------------------------------------------------------
@@ -234,14 +258,15 @@ class TorchExecutor(_Mirror):
 
     # -- data movement -------------------------------------------------------------
     def copy_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
-        """Copy K and V rows ``src -> dst`` in every layer (``move_kv_cache``)."""
-        copy_rows(self._k, self._k, src_slots, dst_slots)
-        copy_rows(self._v, self._v, src_slots, dst_slots)
+        """Copy K and V rows ``src -> dst`` in every layer (``move_kv_cache``).
+
+        Whole pages in order take the page path (:meth:`copy_pages`).
+        """
+        copy_slots_within(self.page_views, [self._k, self._v], src_slots, dst_slots)
 
     def copy_pages(self, src_pages: Sequence[int], dst_pages: Sequence[int]) -> None:
-        size = self.page_size
-        self.copy_slots([p * size + k for p in src_pages for k in range(size)],
-                        [p * size + k for p in dst_pages for k in range(size)])
+        """Copy whole pages ``src -> dst`` (K and V, every layer); list order is kept if they overlap."""
+        copy_pages_between(self.page_views, self.page_views, src_pages, dst_pages)
 
     def poison_slots(self, slots: Sequence[int]) -> None:
         """Fill ``slots`` with NaN in every layer (debug aid for freed slots)."""
@@ -259,5 +284,5 @@ class TorchExecutor(_Mirror):
         return gather_kv(self, state, request, layer, out)
 
 
-__all__ = ["POISON", "TorchExecutor", "copy_rows", "default_device", "element_size", "raw_words",
-           "slot_runs"]
+__all__ = ["POISON", "PageViews", "TorchExecutor", "copy_rows", "copy_slots_within", "default_device",
+           "element_size", "raw_words", "slot_runs", "whole_pages"]

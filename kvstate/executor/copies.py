@@ -1,27 +1,64 @@
-"""Moving KV rows between buffers: run coalescing and integer-word copies.
+"""Moving KV rows between buffers: whole-page copies, run coalescing and integer-word copies.
 
-Pure data-plane helpers over ``[layers, rows, ...]`` tensors.  ``copy_rows``
-mutates its destination only; ``raw_words`` returns a view.
+Pure data-plane helpers over ``[layers, rows, ...]`` tensors, where rows
+``p * P .. p * P + P - 1`` are page ``p``.  ``PageViews`` owns nothing but a
+cache of per-page views of its caller's tensors; ``copy_pages_between`` and
+``copy_rows`` mutate their destination only; ``raw_words`` returns a view.
+
+Why whole pages are special: one page of one tensor is a ``[layers, P * row]``
+strided block (one contiguous piece per layer).  Copying a few hundred such
+blocks one ``copy_`` call at a time costs more in per-call overhead than in
+memory traffic at 16-token pages, so pages are handed to torch in one
+``_foreach_copy_`` call over cached views (CPU), and runs of adjacent pages are
+merged into one view first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import torch
 
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
+
 
 def slot_runs(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, int]]:
-    """Coalesce parallel slot lists into ``(src_start, dst_start, length)`` runs."""
+    """Coalesce parallel slot lists into ``(src_start, dst_start, length)`` runs.
+
+    A run never reads what it writes: a chain such as ``1->2, 2->3`` stays
+    one-by-one, so running the runs in order equals running the pairs in order.
+    """
     runs: list[tuple[int, int, int]] = []
     for s, d in zip(src, dst, strict=True):
         if runs:
             rs, rd, n = runs[-1]
-            if rs + n == s and rd + n == d:
+            if rs + n == s and rd + n == d and abs(rs - rd) > n:
                 runs[-1] = (rs, rd, n + 1)
                 continue
         runs.append((s, d, 1))
     return runs
+
+
+def whole_pages(slots: Sequence[int], page_size: int) -> list[int] | None:
+    """The pages of ``slots`` if they are whole pages in order (``p*P .. p*P+P-1`` each), else None.
+
+    Slot tuples built by the index plans (``plan.PageSlots``) carry their
+    pages and are answered without a scan.
+    """
+    known = getattr(slots, "pages", None)
+    if known is not None and getattr(slots, "page_size", None) == page_size:
+        return list(known) if known else None
+    count = len(slots)
+    if count == 0 or count % page_size:
+        return None
+    listed = list(slots)
+    firsts = listed[::page_size]
+    if any(first % page_size for first in firsts):
+        return None
+    if list(chain.from_iterable(range(first, first + page_size) for first in firsts)) != listed:
+        return None
+    return [first // page_size for first in firsts]
 
 
 def raw_words(tensor: torch.Tensor, leading: int = 2) -> torch.Tensor:
@@ -41,13 +78,103 @@ def raw_words(tensor: torch.Tensor, leading: int = 2) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
+class PageViews:
+    """Per-page integer-word views of a group of ``[layers, num_pages * P, ...]`` tensors.
+
+    ``tensors`` stay owned by the caller; this object only caches views of
+    them (built on first use of a page, at most one per page and tensor).
+    ``page(p)`` is a tuple with one ``[layers, P * row_words]`` view per tensor.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], page_size: int) -> None:
+        if not tensors:
+            raise ValueError("PageViews needs at least one tensor")
+        rows = tensors[0].shape[1]
+        if rows % page_size or any(t.shape[1] != rows for t in tensors):
+            raise ValueError(f"tensors must share a row count that is a multiple of {page_size}")
+        self.tensors = tuple(tensors)
+        self.page_size = page_size
+        self.num_pages = rows // page_size
+        self.words = tuple(raw_words(t).view(t.shape[0], self.num_pages, -1) for t in tensors)
+        self.device = tensors[0].device
+        self._cache: list[tuple[torch.Tensor, ...] | None] = [None] * self.num_pages
+
+    def page(self, page: int) -> tuple[torch.Tensor, ...]:
+        cached = self._cache[page]
+        if cached is None:
+            cached = self._cache[page] = tuple(words[:, page] for words in self.words)
+        return cached
+
+    def span(self, first: int, count: int) -> tuple[torch.Tensor, ...]:
+        """Views of pages ``first .. first + count - 1`` (``[layers, count, words]`` each)."""
+        if count == 1:
+            return self.page(first)
+        return tuple(words[:, first:first + count] for words in self.words)
+
+    def check(self, pages: Sequence[int]) -> None:
+        if pages and (min(pages) < 0 or max(pages) >= self.num_pages):
+            raise IndexError(f"page outside 0..{self.num_pages - 1}")
+
+
+def copy_pages_between(dst: PageViews, src: PageViews, src_pages: Sequence[int],
+                       dst_pages: Sequence[int]) -> None:
+    """Copy page ``src_pages[i]`` of ``src`` to page ``dst_pages[i]`` of ``dst``, every tensor.
+
+    Copies run in list order (a page written earlier is read later with its
+    new bytes); runs of adjacent pages are one copy each.  Mutates ``dst``'s
+    tensors only.
+    """
+    if len(src_pages) != len(dst_pages):
+        raise ValueError(f"{len(src_pages)} source pages but {len(dst_pages)} destination pages")
+    if len(src.words) != len(dst.words) or src.page_size != dst.page_size:
+        raise ValueError("source and destination page groups differ in tensors or page size")
+    src.check(src_pages)
+    dst.check(dst_pages)
+    targets: list[torch.Tensor] = []
+    sources: list[torch.Tensor] = []
+    for s, d, count in slot_runs(src_pages, dst_pages):  # runs of adjacent pages
+        targets.extend(dst.span(d, count))
+        sources.extend(src.span(s, count))
+    _copy_all(targets, sources)
+
+
+def copy_slots_within(pages: PageViews, tensors: Sequence[torch.Tensor], src_slots: Sequence[int],
+                      dst_slots: Sequence[int]) -> None:
+    """Copy rows ``src -> dst`` inside ``tensors`` (whose page views are ``pages``), all layers.
+
+    Whole pages in order take the page path; anything else is copied by row
+    runs.  Mutates ``tensors`` only.
+    """
+    if len(src_slots) != len(dst_slots):
+        raise ValueError(f"{len(src_slots)} source slots but {len(dst_slots)} destination slots")
+    src_pages = whole_pages(src_slots, pages.page_size)
+    dst_pages = whole_pages(dst_slots, pages.page_size) if src_pages is not None else None
+    if src_pages is not None and dst_pages is not None:
+        copy_pages_between(pages, pages, src_pages, dst_pages)
+        return
+    for tensor in tensors:
+        copy_rows(tensor, tensor, src_slots, dst_slots)
+
+
+def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    if not targets:
+        return
+    on_cpu = targets[0].device.type == "cpu" and sources[0].device.type == "cpu"
+    if on_cpu and _FOREACH_COPY is not None:
+        _FOREACH_COPY(targets, sources)
+        return
+    for target, source in zip(targets, sources, strict=True):
+        target.copy_(source, non_blocking=True)
+
+
 def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: Sequence[int],
               dst_rows: Sequence[int], max_runs: int = 1024) -> None:
     """``dst[:, dst_rows] = src[:, src_rows]`` over dim 1 of ``[layers, rows, ...]`` tensors.
 
     Contiguous runs are copied slice by slice on integer-word views (no
     temporary); very many short runs fall back to one gather plus one
-    scatter.  Mutates ``dst`` only.
+    scatter.  Mutates ``dst`` only.  Whole pages go faster through
+    ``copy_pages_between``.
     """
     if len(src_rows) != len(dst_rows):
         raise ValueError(f"{len(src_rows)} source rows but {len(dst_rows)} destination rows")
@@ -56,8 +183,8 @@ def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: Sequence[int],
     src_words, dst_words = raw_words(src), raw_words(dst)
     runs = slot_runs(src_rows, dst_rows)
     if len(runs) <= max_runs:
-        for s, d, n in runs:
-            dst_words[:, d:d + n].copy_(src_words[:, s:s + n], non_blocking=True)
+        _copy_all([dst_words[:, d:d + n] for _, d, n in runs],
+                  [src_words[:, s:s + n] for s, _, n in runs])
         return
     src_index = torch.tensor(src_rows, dtype=torch.int64, device=src.device)
     dst_index = torch.tensor(dst_rows, dtype=torch.int64, device=dst.device)

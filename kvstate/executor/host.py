@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kvstate.executor.copies import copy_rows
+from kvstate.executor.copies import PageViews, copy_pages_between, copy_rows, whole_pages
 
 
 class HostPool:
@@ -30,52 +30,71 @@ class HostPool:
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         rows = num_pages * self.page_size
         self.pinned = pin
-        self._buffers = [
+        self._pages = [  # shaped like the device's page tensors (K and V together if they are)
             torch.zeros((t.shape[0], rows, *t.shape[2:]), dtype=t.dtype, device="cpu", pin_memory=pin)
-            for t in _device_buffers(executor)
+            for t in executor.page_views.tensors
         ]
+        self.page_views = PageViews(self._pages, self.page_size)
+        device_rows = _device_buffers(executor)
+        if len(self._pages) == 1 and len(device_rows) > 1:  # host K and V as views, like the device's
+            self._buffers = list(self._pages[0].split([t.shape[0] for t in device_rows]))
+        else:
+            self._buffers = self._pages
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._buffers)
-
-    def _slots(self, pages: Sequence[int], limit: int) -> list[int]:
-        size = self.page_size
-        for page in pages:
-            if not 0 <= page < limit:
-                raise IndexError(f"page {page} outside 0..{limit - 1}")
-        return [page * size + k for page in pages for k in range(size)]
+        return sum(t.numel() * t.element_size() for t in self._pages)
 
     def offload(self, device_pages: Sequence[int], host_pages: Sequence[int]) -> None:
         """Copy device pages to host pages, every layer (a backup; the device keeps its copy)."""
         if len(device_pages) != len(host_pages):
             raise ValueError("offload needs one host page per device page")
-        self.offload_slots(self._slots(device_pages, self.executor.num_pages + 1),
-                           self._slots(host_pages, self.num_pages))
+        copy_pages_between(self.page_views, self.executor.page_views, device_pages, host_pages)
+        self._sync()
 
     def load(self, host_pages: Sequence[int], device_pages: Sequence[int]) -> None:
         """Copy host pages back into device pages, every layer."""
         if len(device_pages) != len(host_pages):
             raise ValueError("load needs one device page per host page")
-        self.load_slots(self._slots(host_pages, self.num_pages),
-                        self._slots(device_pages, self.executor.num_pages + 1))
+        copy_pages_between(self.executor.page_views, self.page_views, host_pages, device_pages)
+        self._sync()
 
     def offload_slots(self, device_slots: Sequence[int], host_slots: Sequence[int]) -> None:
+        """Slot form of :meth:`offload` (what index plans carry); whole pages take the page path."""
+        device_pages, host_pages = _paired_pages(device_slots, host_slots, self.page_size)
+        if device_pages is not None and host_pages is not None:
+            self.offload(device_pages, host_pages)
+            return
         for host, device in zip(self._buffers, _device_buffers(self.executor), strict=True):
             copy_rows(host, device, device_slots, host_slots)
-        if self.executor.device.type == "cuda":  # the host copy must be complete when we return
-            torch.cuda.current_stream(self.executor.device).synchronize()
+        self._sync()
 
     def load_slots(self, host_slots: Sequence[int], device_slots: Sequence[int]) -> None:
+        """Slot form of :meth:`load`; whole pages take the page path."""
+        host_pages, device_pages = _paired_pages(host_slots, device_slots, self.page_size)
+        if device_pages is not None and host_pages is not None:
+            self.load(host_pages, device_pages)
+            return
         for host, device in zip(self._buffers, _device_buffers(self.executor), strict=True):
             copy_rows(device, host, host_slots, device_slots)
-        if self.executor.device.type == "cuda":
+        self._sync()
+
+    def _sync(self) -> None:
+        if self.executor.device.type == "cuda":  # the copy must be complete when we return
             torch.cuda.current_stream(self.executor.device).synchronize()
 
     def read(self, layer: int, host_slots: Sequence[int]) -> list[torch.Tensor]:
         """Host rows of one layer (K then V, or the latent row), as fresh tensors."""
         index = torch.tensor(list(host_slots), dtype=torch.int64)
         return [buffer[layer].index_select(0, index) for buffer in self._buffers]
+
+
+def _paired_pages(src_slots: Sequence[int], dst_slots: Sequence[int], page_size: int
+                  ) -> tuple[list[int] | None, list[int] | None]:
+    if len(src_slots) != len(dst_slots):
+        raise ValueError(f"{len(src_slots)} source slots but {len(dst_slots)} destination slots")
+    src_pages = whole_pages(src_slots, page_size)
+    return src_pages, (whole_pages(dst_slots, page_size) if src_pages is not None else None)
 
 
 def _device_buffers(executor: Any) -> list[torch.Tensor]:

@@ -20,6 +20,10 @@ reused while its node survives), a missed copy-on-write or a wrong copy all
 show up as a token reading someone else's tag.  Linking a position to a
 token computed for a different position is reported at the event.
 
+Block-mode (vLLM) states are followed too (:mod:`kvstate.executor.integrity_block`):
+a cached block is checked against its node's depth, and a null-page table
+entry must read the padding page.
+
 The monitor mutates its own bookkeeping and writes tags into the executor's
 buffers (through ``set_kv_buffer``); it never changes a ``State``.
 """
@@ -33,6 +37,14 @@ import attrs
 import torch
 
 from kvstate.events import Event
+from kvstate.executor.integrity_block import (
+    NULL_UID,
+    block_tree_reads,
+    cache_blocks,
+    null_content,
+    seed_block_state,
+)
+from kvstate.executor.integrity_host import verify_host
 from kvstate.executor.mla import MLATorchExecutor
 from kvstate.executor.plan import IndexPlan, node_depth
 from kvstate.executor.readback import compare_reads, export_reads
@@ -95,6 +107,9 @@ class IntegrityMonitor:
 
     def _seed_from(self, state: State) -> None:
         """Tag what a non-empty starting state already maps (as if freshly written)."""
+        if state.geometry.mode == "block":
+            seed_block_state(self, state)
+            return
         for node_id in sorted(n for n in state.nodes.keys() if n != 0):
             self._insert(node_id, node_depth(state, node_id), state.node_slots(node_id))
         for request_id in state.requests.keys():
@@ -147,7 +162,15 @@ class IntegrityMonitor:
             del self.req_content[request_id][length:]
         if plan.new_tokens:
             self._write_request_tokens(after, plan.new_tokens)
-        for request_id, position, slot in plan.linked_tokens:
+        size = after.geometry.page_size
+        linked = plan.linked_tokens
+        nulled = set(plan.nulled_tokens)
+        if nulled:  # null entries (block mode) interleave with links by position
+            linked = tuple(sorted((*linked, *nulled), key=lambda token: token[1]))
+        for request_id, position, slot in linked:
+            if nulled and (request_id, position, slot) in nulled:
+                self._set(request_id, position, null_content(position, size))
+                continue
             content = self._linked_content(after, slot)
             if content is None:
                 self.errors.append(f"request {request_id!r} position {position} links slot {slot}, "
@@ -157,6 +180,8 @@ class IntegrityMonitor:
                 self.errors.append(f"request {request_id!r} position {position} links slot {slot}, "
                                    f"whose KV was computed for position {content[1]}")
             self._set(request_id, position, content)
+        if plan.cached_blocks:
+            cache_blocks(self, plan.cached_blocks)
         for node_id, depth, slots in plan.inserted:
             self._insert(node_id, depth, slots)
         for node_id, at, new_node in plan.split:
@@ -232,11 +257,19 @@ class IntegrityMonitor:
         positions = torch.tensor([c[1] for c in contents], dtype=torch.int64, device=device)
         if isinstance(ex, MLATorchExecutor):
             k = tag_values(uids, positions, layer, ex.config.row_width, 0).to(ex.dtype)
-            return k, k[:, : ex.kv_lora_rank]
-        k = tag_values(uids, positions, layer, ex.head_num * ex.head_dim, 0)
-        v = tag_values(uids, positions, layer, ex.head_num * ex.v_head_dim, 1)
-        return (k.to(ex.dtype).view(-1, ex.head_num, ex.head_dim),
-                v.to(ex.dtype).view(-1, ex.head_num, ex.v_head_dim))
+            v = k[:, : ex.kv_lora_rank]
+        else:
+            k = tag_values(uids, positions, layer, ex.head_num * ex.head_dim, 0).to(ex.dtype).view(
+                -1, ex.head_num, ex.head_dim)
+            v = tag_values(uids, positions, layer, ex.head_num * ex.v_head_dim, 1).to(ex.dtype).view(
+                -1, ex.head_num, ex.v_head_dim)
+        null = (uids == NULL_UID).nonzero().flatten()
+        if null.numel():  # null-page positions read the padding page as it is
+            k_buf, v_buf = ex.get_kv_buffer(layer)
+            k[null] = k_buf.index_select(0, positions[null])
+            if not isinstance(ex, MLATorchExecutor):
+                v[null] = v_buf.index_select(0, positions[null])
+        return k, v
 
     def write_tags(self, slots: Sequence[int], contents: Sequence[Content]) -> None:
         """Write the tags of ``contents`` at ``slots`` in every layer (the forward pass's writes)."""
@@ -266,9 +299,11 @@ class IntegrityMonitor:
             lengths.append(min(length, len(self.req_content[request_id])))
         contents = [c for r, n in zip(requests, lengths, strict=True) for c in self.req_content[r][:n]]
         reads = export_reads(self.executor, state, requests, lengths, self.request_pool)
-        node_ids = [n for n in state.nodes.keys() if n != 0]
+        node_ids = [] if state.geometry.mode == "block" else [n for n in state.nodes.keys() if n != 0]
         node_slots: list[int] = []
         node_contents: list[Content] = []
+        if state.geometry.mode == "block":
+            node_slots, node_contents = block_tree_reads(self, state, problems)
         for node_id in node_ids:
             slots = state.node_slots(node_id)
             content = self.node_content.get(node_id)
@@ -293,36 +328,8 @@ class IntegrityMonitor:
                 if not (torch.equal(k_buf.index_select(0, index), k_want)
                         and torch.equal(v_buf.index_select(0, index), v_want)):
                     problems.append(f"layer {layer}: a tree token does not read back its tag")
-        checked += self._verify_host(state, problems)
+        checked += verify_host(self, state, problems)
         return IntegrityReport(not problems, tuple(problems), checked)
-
-    def _verify_host(self, state: State, problems: list[str]) -> int:
-        """Every backed-up node's host pages read back the node's tags (all layers)."""
-        ex = self.executor
-        tier, pool = getattr(ex, "tier", None), getattr(ex, "host_pool", None)
-        if tier is None or pool is None:
-            return 0
-        size = state.geometry.page_size
-        host_slots: list[int] = []
-        contents: list[Content] = []
-        for node_id, pages in tier.backup.items():
-            record = self.node_content.get(node_id)
-            if record is None or len(record) != len(pages) * size:
-                problems.append(f"backed-up node {node_id} has no matching tag record")
-                continue
-            host_slots.extend(page * size + offset for page in pages for offset in range(size))
-            contents.extend(record)
-        for node_id in tier.evicted.keys():
-            if node_id not in self.node_content:
-                problems.append(f"host-only node {node_id} has no tag record")
-        if not contents:
-            return 0
-        for layer in range(ex.layer_num):
-            want = self.expected(contents, layer)
-            got = pool.read(layer, host_slots)
-            if not all(torch.equal(g, w.cpu()) for g, w in zip(got, want, strict=False)):
-                problems.append(f"layer {layer}: a host copy does not read back its node's tags")
-        return len(contents) * ex.layer_num
 
 
 def enable_integrity(executor: Any, *, request_pool: Any = None) -> IntegrityMonitor:

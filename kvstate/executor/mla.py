@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from kvstate.executor.buffers import POISON, _Mirror, default_device, element_size
-from kvstate.executor.copies import copy_rows
+from kvstate.executor.copies import PageViews, copy_pages_between, copy_slots_within
 from kvstate.state import Geometry, State
 
 
@@ -58,6 +58,7 @@ class MLATorchExecutor(_Mirror):
         self._kv = torch.zeros((self.layer_num, self.rows, config.row_width), dtype=dtype,
                                device=self.device)
         self.kv_buffer = [self._kv[layer] for layer in range(self.layer_num)]
+        self.page_views = PageViews([self._kv], page_size)
         if self.nbytes != config.bytes_per_token * self.rows:
             raise AssertionError("latent buffer size differs from the MLA capacity plan")
 
@@ -82,7 +83,10 @@ class MLATorchExecutor(_Mirror):
         self.kv_buffer[layer_id][index] = cache_k.to(self.dtype).reshape(-1, self.config.row_width)
 
     def copy_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
-        copy_rows(self._kv, self._kv, src_slots, dst_slots)
+        copy_slots_within(self.page_views, [self._kv], src_slots, dst_slots)
+
+    def copy_pages(self, src_pages: Sequence[int], dst_pages: Sequence[int]) -> None:
+        copy_pages_between(self.page_views, self.page_views, src_pages, dst_pages)
 
     def poison_slots(self, slots: Sequence[int]) -> None:
         self._kv.index_fill_(1, self._slot_index(slots), POISON)

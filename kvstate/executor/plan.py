@@ -23,6 +23,13 @@ What the fields mean (slots are ``page * page_size + offset``)::
     host_freed            host slots whose copy was dropped
     demoted_nodes         nodes whose device copy was evicted but stay host-only
     loaded_nodes          host-only nodes put back on the device
+    nulled_tokens         (request, position, slot): block mode, table entries that now map
+                          the null page 0 (slot = position % page_size); no live KV there
+    cached_blocks         (node, depth, slots): block mode, a held page that became a cached
+                          copy of tree node ``node`` whose first token is at ``depth``
+
+Block-mode events (``kvstate.events_block``) are planned in
+:mod:`kvstate.executor.plan_block`; none of them copies bytes.
 
 Every field is a tuple; an event that moves nothing gets ``IndexPlan()``.
 """
@@ -48,7 +55,7 @@ from kvstate.events import (
     Split,
     Truncate,
 )
-from kvstate.state import DETACHED, ROOT, RequestId, State
+from kvstate.state import DETACHED, ROOT, RequestId, State, expand_pages
 
 TokenRef = tuple[RequestId, int, int]  # (request, position, slot)
 
@@ -77,6 +84,8 @@ class IndexPlan:
     host_freed: tuple[int, ...] = ()
     demoted_nodes: tuple[int, ...] = ()
     loaded_nodes: tuple[int, ...] = ()
+    nulled_tokens: tuple[TokenRef, ...] = ()
+    cached_blocks: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
 
     @property
     def moves_bytes(self) -> bool:
@@ -104,8 +113,26 @@ def plan_indices(before: State, after: State, event: Event) -> IndexPlan:
     return EMPTY_PLAN if planner is None else planner(before, after, event)
 
 
+class PageSlots(tuple[int, ...]):
+    """The slots of whole ``pages`` in order: a plain tuple that also remembers its pages.
+
+    Executors read ``pages`` to copy page by page without re-deriving them
+    from the slots; everything else sees an ordinary immutable tuple.
+    """
+
+    pages: tuple[int, ...]
+    page_size: int
+
+    def __new__(cls, pages: Sequence[int], page_size: int) -> PageSlots:
+        slots = super().__new__(cls, expand_pages(pages, page_size))
+        slots.pages = tuple(pages)
+        slots.page_size = page_size
+        return slots
+
+
 def page_slots(pages: Sequence[int], page_size: int) -> tuple[int, ...]:
-    return tuple(page * page_size + offset for page in pages for offset in range(page_size))
+    """Every slot of ``pages`` (a :class:`PageSlots`)."""
+    return PageSlots(pages, page_size)
 
 
 def node_depth(state: State, node_id: int) -> int:
