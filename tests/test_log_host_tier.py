@@ -111,3 +111,44 @@ def test_replay_cli_reports_the_host_tier(tmp_path, capsys):
     assert main(["replay", str(path), "--show", "tree"]) == 0
     text = capsys.readouterr().out
     assert f"host tier {HOST_PAGES} pages" in text
+
+
+@pytest.mark.parametrize("policy", [WRITE_THROUGH, WRITE_BACK])
+def test_executor_replay_of_a_tiered_log_moves_and_checks_host_bytes(tmp_path, policy):
+    from kvstate.executor import replay_hook
+    from kvstate.log.initial import start_state
+
+    events, _ = tiered_run(policy)
+    path = tmp_path / "tiered.kvlog"
+    write_log(path, GEOMETRY, events, host_pages=HOST_PAGES)
+    with LogReader(path) as reader:
+        outcome = replay_hook((start_state(reader.header), list(reader.events())), "cpu")
+    assert outcome.ok, outcome.message
+    assert outcome.events_applied == len(events)
+    # 8 tree tokens on the device and their 8 host copies, 2 layers each
+    assert outcome.tokens_checked == 2 * 8 * 2
+
+
+def test_replay_cli_executor_report(tmp_path, capsys):
+    events, _ = tiered_run(WRITE_BACK)
+    path = tmp_path / "tiered.kvlog"
+    write_log(path, GEOMETRY, events, host_pages=HOST_PAGES)
+    assert main(["replay", str(path), "--executor", "cpu", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["executor"]
+    assert report["ok"] is True and report["tokens_checked"] == 32
+    assert report["events_applied"] == len(events)
+    assert main(["replay", str(path), "--executor", "cpu"]) == 0
+    assert "integrity ok: 32 token reads matched their tags" in capsys.readouterr().out
+
+
+def test_executor_replay_catches_a_load_that_moved_no_bytes(tmp_path, monkeypatch, capsys):
+    from kvstate.executor import HostPool
+
+    events, _ = tiered_run(WRITE_THROUGH)
+    path = tmp_path / "tiered.kvlog"
+    write_log(path, GEOMETRY, events, host_pages=HOST_PAGES)
+    monkeypatch.setattr(HostPool, "load_slots", lambda self, host_slots, device_slots: None)
+    assert main(["replay", str(path), "--executor", "cpu", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["error"]["kind"] == "executor"
+    assert "does not read back its tag" in report["error"]["message"]

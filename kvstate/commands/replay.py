@@ -19,7 +19,7 @@ from typing import IO, Any
 
 from kvstate.log.demo_data import DEMO_NAME, demo_bytes
 from kvstate.log.format import LogFormatError
-from kvstate.log.initial import core_of
+from kvstate.log.initial import core_of, start_state
 from kvstate.log.inspect import parse_request_id, show_pages, show_request, show_state, show_tree
 from kvstate.log.reader import LogReader
 from kvstate.log.replay import ReplayFailure, ReplayResult, replay
@@ -143,12 +143,12 @@ def run(args: argparse.Namespace) -> int:
         result = replay(reader, check_every=args.check_every, until=args.until,
                         on_progress=progress if progress.enabled else None)
     progress.clear()
-    executor_failure = None
+    executor_report = None
     if args.executor is not None and result.ok:
-        executor_failure = _run_executor(args, result)
-        if executor_failure is not None:
-            result.failure = executor_failure
-    return _report(args, name, result, show)
+        executor_report = _run_executor(args, result)
+        if not executor_report["ok"]:
+            result.failure = ReplayFailure("executor", executor_report["message"], check="executor")
+    return _report(args, name, result, show, executor_report)
 
 
 def _cuda_available() -> bool:
@@ -165,21 +165,17 @@ def _executor_available() -> bool:
     return importlib.util.find_spec("kvstate.executor") is not None
 
 
-def _run_executor(args: argparse.Namespace, result: ReplayResult) -> ReplayFailure | None:
-    from kvstate import executor  # type: ignore[attr-defined]
-    from kvstate.state import initial_state
+def _run_executor(args: argparse.Namespace, result: ReplayResult) -> dict[str, Any]:
+    """Rebuild the buffers through ``kvstate.executor.replay_hook``: ok, message, counts."""
+    from kvstate.executor import replay_hook
 
-    hook = getattr(executor, "replay_hook", None)
-    if hook is None:
-        return ReplayFailure("executor", "kvstate.executor has no replay_hook")
     name, handle = _open_source(args.log)
     with handle:
         reader = LogReader(handle, salvage=True)
         events = _limited(reader.events(), args.until)
-        outcome = hook((initial_state(result.header.geometry), events), args.executor)
-    if getattr(outcome, "ok", True):
-        return None
-    return ReplayFailure("executor", str(getattr(outcome, "message", outcome)), check="executor")
+        outcome = replay_hook((start_state(result.header), events), args.executor)
+    return {"ok": outcome.ok, "device": args.executor, "message": outcome.message,
+            "events_applied": outcome.events_applied, "tokens_checked": outcome.tokens_checked}
 
 
 def _limited(events: Any, until: int | None) -> Any:
@@ -205,7 +201,7 @@ def _report_format_only(args: argparse.Namespace, name: str, failure: ReplayFail
 
 
 def _report(args: argparse.Namespace, name: str, result: ReplayResult,
-            show: tuple[str, str | None] | None) -> int:
+            show: tuple[str, str | None] | None, executor_report: dict[str, Any] | None) -> int:
     summary = result.summary
     failure = result.failure
     if args.json:
@@ -220,9 +216,13 @@ def _report(args: argparse.Namespace, name: str, result: ReplayResult,
             out["error"] = failure.to_json()
         if show is not None:
             out["show"] = render_show(core_of(result.state), show)
+        if executor_report is not None:
+            out["executor"] = executor_report
         print(json.dumps(out))
         return _exit_code(failure)
     print(_summary_text(name, result))
+    if executor_report is not None and executor_report["ok"]:
+        print(f"  executor        {executor_report['message']}")
     if show is not None:
         print(render_show(core_of(result.state), show))
     if result.salvaged is not None:

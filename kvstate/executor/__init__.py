@@ -36,6 +36,7 @@ from kvstate.executor.integrity import IntegrityMonitor, IntegrityReport, enable
 from kvstate.executor.mla import MLAConfig, MLATorchExecutor
 from kvstate.executor.plan import IndexPlan, plan_indices
 from kvstate.state import State
+from kvstate.state_host import TieredState
 
 REPLAY_MODEL = ModelConfig(num_layers=2, num_kv_heads=1, head_dim=8)
 
@@ -54,8 +55,13 @@ def replay_hook(source: Any, device: str = "cpu", *, events: Iterable[Event] | N
                 model_config: ModelConfig = REPLAY_MODEL, check_every: int = 0) -> ReplayResult:
     """Replay a log into fresh buffers with integrity mode on, then verify every token.
 
+    Freed slots are poisoned (NaN), so stale bytes never pass for live ones.
+
     ``source`` is an ``Engine`` (its initial state and events are used), a
     ``(initial_state, events)`` pair, or an initial ``State`` with ``events=``.
+    An initial ``TieredState`` (a host-tier log) also gets a ``HostPool`` of
+    its host pages, so offload and load move real bytes and host copies are
+    verified too.
     ``check_every`` > 0 also verifies after every that many events.  Never
     raises for a bad log: an invalid event or a failed check is reported in
     the result.
@@ -66,12 +72,17 @@ def replay_hook(source: Any, device: str = "cpu", *, events: Iterable[Event] | N
 
         if not torch.cuda.is_available():
             return ReplayResult(False, "--executor cuda: no CUDA device is available")
-    geometry = initial.geometry
+    core = initial.core if isinstance(initial, TieredState) else initial
+    geometry = core.geometry
     import torch
 
+    # Freed slots are poisoned so that a page whose bytes should have been
+    # rewritten (a load, a copy) cannot pass by still holding its old tags.
     executor = TorchExecutor(model_config, geometry.num_pages, geometry.page_size,
-                             dtype=torch.float16, device=device)
-    executor.reset_state(initial)  # radix or block mode: both have index planners
+                             dtype=torch.float16, device=device, poison_freed=True)
+    executor.reset_state(core)  # radix or block mode: both have index planners
+    if isinstance(initial, TieredState):
+        executor.enable_host(HostPool(executor, initial.host.num_pages), initial.host)
     monitor = enable_integrity(executor)
     applied = 0
     checked = 0
@@ -92,10 +103,11 @@ def replay_hook(source: Any, device: str = "cpu", *, events: Iterable[Event] | N
     return ReplayResult(report.ok, message, applied, checked)
 
 
-def _split_source(source: Any, events: Iterable[Event] | None) -> tuple[State, Iterable[Event]]:
-    if isinstance(source, State):
+def _split_source(source: Any, events: Iterable[Event] | None
+                  ) -> tuple[State | TieredState, Iterable[Event]]:
+    if isinstance(source, (State, TieredState)):
         return source, (events if events is not None else ())
-    if isinstance(source, tuple) and len(source) == 2 and isinstance(source[0], State):
+    if isinstance(source, tuple) and len(source) == 2 and isinstance(source[0], (State, TieredState)):
         return source[0], source[1]
     if hasattr(source, "initial_state") and hasattr(source, "events"):
         return source.initial_state, (source.events if events is None else events)
