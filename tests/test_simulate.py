@@ -94,6 +94,25 @@ def test_per_page_lru_matches_the_reference_trie_lru(
     assert result.evicted_pages == expected.evicted_blocks
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=trie_paths, capacity=st.integers(2, 4))
+def test_a_prompt_larger_than_the_pool_is_refused_as_the_reference_rejects_it(
+    case: tuple[list[list[int]], list[int]], capacity: int
+) -> None:
+    """Pools smaller than some prompts: kvstate refuses them whole (nothing cached), which is
+    the reference's ``reject_larger``; plain ``leaf_lru`` (and kvcache-simulator) would cache
+    the prefix that fits instead."""
+    paths, tails = case
+    requests = requests_from(paths, tails)
+    sim, trace = reference_trace(requests)
+    expected = sim.leaf_lru_general(trace, capacity, reject_larger=True)
+    run = SimulationSettings(capacity_tokens=capacity * BLOCK, eviction_unit="page", decode=False)
+    result = simulate(requests, run, len(requests))
+    assert (result.hit_tokens, result.hit_blocks) == (expected.hit_tokens, expected.hit_blocks)
+    assert result.evicted_pages == expected.evicted_blocks
+    assert result.rejected_requests == sum(1 for path in paths if len(path) > capacity)
+
+
 @settings(max_examples=20, deadline=None)
 @given(case=trie_paths)
 def test_roomy_cache_equals_the_infinite_reference(case: tuple[list[list[int]], list[int]]) -> None:

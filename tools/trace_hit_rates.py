@@ -24,11 +24,15 @@ Definitions (written into every result):
 * ``fifo``: capacity in blocks, evict the oldest inserted block (any block).
 * ``require_full``: a capacity point whose cache never filled during warmup is
   flagged ``underfilled`` (kvcache-simulator omits such points).
+* ``vllm_free_queue``: vLLM V1's pool (full blocks only, free queue, lazy
+  eviction; see its docstring); ``leaf_lru_general`` and ``flat_lru`` are the
+  candidate definitions the ``fig9`` command compares with FAST'25 Fig. 9.
 
 Usage (from the repository root; ``../shared`` holds the traces):
 
     python tools/trace_hit_rates.py mooncake ../shared/traces/conversation_trace.jsonl
     python tools/trace_hit_rates.py kvsim ../shared/traces/conversation_trace.jsonl --kvsim-python PY
+    python tools/trace_hit_rates.py fig9 ../shared/traces/conversation_trace.jsonl
     python tools/trace_hit_rates.py kvtester ../shared/traces/kv-cache-tester/kv-cache-tester-traces.tar.xz
     python tools/trace_hit_rates.py azure ../shared/traces/azure_llm_inference_2023/*.csv
 
@@ -45,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -72,8 +77,9 @@ class BlockTrace:
     nodes: list[list[int]] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
     parent: list[int] = field(default_factory=lambda: [-1])  # node 0 is the root
+    outputs: list[int] = field(default_factory=list)  # output tokens per request
 
-    def add(self, hash_ids: Sequence[Any], token_counts: Sequence[int]) -> None:
+    def add(self, hash_ids: Sequence[Any], token_counts: Sequence[int], output_tokens: int = 0) -> None:
         """Append one request; interns ``(parent, hash id)`` pairs into trie nodes."""
         path: list[int] = []
         here = 0
@@ -88,6 +94,7 @@ class BlockTrace:
             here = node
         self.nodes.append(path)
         self.tokens.append(list(token_counts))
+        self.outputs.append(output_tokens)
 
     def __post_init__(self) -> None:
         self._edges: dict[tuple[int, Any], int] = {}
@@ -131,16 +138,18 @@ class _Tally:
         self.block_fractions: list[float] = []
 
     def add(self, index: int, counts: list[int], matched: int) -> None:
+        self.add_hits(index, counts, sum(counts[:matched]), matched)
+
+    def add_hits(self, index: int, counts: list[int], hit: int, hit_blocks: int) -> None:
         if index < self.first:
             return
-        hit = sum(counts[:matched])
         total = sum(counts)
         self.hit_tokens += hit
         self.total_tokens += total
-        self.hit_blocks += matched
+        self.hit_blocks += hit_blocks
         self.total_blocks += len(counts)
         self.fractions.append(hit / total if total else 0.0)
-        self.block_fractions.append(matched / len(counts) if counts else 0.0)
+        self.block_fractions.append(hit_blocks / len(counts) if counts else 0.0)
 
     def outcome(self, policy: str, capacity: int | None, warmup: float, **extra: Any) -> Outcome:
         mean = statistics.fmean(self.fractions) if self.fractions else 0.0
@@ -284,6 +293,300 @@ def fifo(trace: BlockTrace, capacity: int, warmup: float = 0.0, require_full: bo
     return tally.outcome("fifo", capacity, warmup, evicted_blocks=evicted, underfilled=underfilled)
 
 
+# --- candidate definitions for FAST'25 Fig. 9 (the ``fig9`` command) -----------------------
+
+
+def leaf_lru_general(
+    trace: BlockTrace,
+    capacity: int,
+    warmup: float = 0.0,
+    *,
+    cost: Sequence[int] | None = None,
+    reserve: Sequence[int] | None = None,
+    measured: Sequence[int] | None = None,
+    reject_larger: bool = False,
+) -> Outcome:
+    """``leaf_lru`` with four knobs (all off: identical to ``leaf_lru``).
+
+    ``cost[node]``: room a cached block takes (default 1; token-charged capacity
+    passes the block's tokens).  ``reserve[i]``: room request ``i``'s output
+    takes while it runs; leaves are evicted for it (the request's own path is
+    pinned) and the room is given back when it ends.  ``measured[i]``: only the
+    first ``measured[i]`` blocks of request ``i`` are measured (the rest are
+    private output blocks that take room but never hit).  ``reject_larger``:
+    a request with more blocks than ``capacity`` is looked up (and its hit
+    touched) but inserts nothing, as a serving engine that cannot hold the
+    whole prompt refuses it; plain ``leaf_lru`` inserts the prefix that fits.
+    """
+    size = len(trace.parent)
+    cached = bytearray(size)
+    cached[0] = 1
+    cached_children = [0] * size
+    stamp = [0] * size
+    pinned_by = [-1] * size
+    leaves: list[tuple[int, int]] = []
+    tick = used = evicted = 0
+    tally = _Tally(trace, warmup)
+
+    def use(node: int) -> None:
+        nonlocal tick
+        tick += 1
+        stamp[node] = tick
+        if cached_children[node] == 0:
+            heapq.heappush(leaves, (tick, node))
+
+    def evict_one(request: int) -> bool:
+        nonlocal used, evicted
+        held: list[tuple[int, int]] = []
+        victim = -1
+        while leaves:
+            when, node = heapq.heappop(leaves)
+            if not cached[node] or cached_children[node] or stamp[node] != when:
+                continue
+            if pinned_by[node] == request:
+                held.append((when, node))
+                continue
+            victim = node
+            break
+        for entry in held:
+            heapq.heappush(leaves, entry)
+        if victim < 0:
+            return False
+        cached[victim] = 0
+        used -= 1 if cost is None else cost[victim]
+        evicted += 1
+        up = trace.parent[victim]
+        cached_children[up] -= 1
+        if up and cached_children[up] == 0:
+            heapq.heappush(leaves, (stamp[up], up))
+        return True
+
+    for index, (path, counts) in enumerate(zip(trace.nodes, trace.tokens, strict=True)):
+        limit = len(path) if measured is None else measured[index]
+        matched = 0
+        while matched < len(path) and cached[path[matched]]:
+            matched += 1
+        tally.add(index, counts[:limit], min(matched, limit))
+        for node in path[:matched]:
+            use(node)
+            pinned_by[node] = index
+        if reject_larger and len(path) > capacity:
+            continue
+        for node in path[matched:]:
+            weight = 1 if cost is None else cost[node]
+            while used + weight > capacity and evict_one(index):
+                pass
+            up = trace.parent[node]
+            if used + weight > capacity or not cached[up]:
+                break
+            cached[node] = 1
+            used += weight
+            if up:
+                cached_children[up] += 1
+            use(node)
+        if reserve is not None and reserve[index]:
+            for node in path:
+                pinned_by[node] = index
+            while used + reserve[index] > capacity and evict_one(index):
+                pass
+    return tally.outcome("lru", capacity, warmup, evicted_blocks=evicted)
+
+
+def block_costs(trace: BlockTrace) -> list[int]:
+    """Tokens of each trie node (a partial block charges only its tokens)."""
+    cost = [0] * len(trace.parent)
+    for path, counts in zip(trace.nodes, trace.tokens, strict=True):
+        for node, count in zip(path, counts, strict=True):
+            cost[node] = count
+    return cost
+
+
+def split_blocks(trace: BlockTrace, piece: int) -> BlockTrace:
+    """The same requests with every hash block cut into ``piece``-token sub-blocks.
+
+    Sub-block ``j`` of a block is keyed by ``(block node, j)``, so two requests
+    share a sub-block only when they share the whole hash block: the trace
+    cannot say more.  What changes is granularity: a partial block takes
+    ``ceil(tokens / piece)`` slots, and eviction can drop the second half of a
+    block while its first half still hits.
+    """
+    out = BlockTrace()
+    for path, counts, output in zip(trace.nodes, trace.tokens, trace.outputs, strict=True):
+        ids: list[Any] = []
+        pieces: list[int] = []
+        for node, count in zip(path, counts, strict=True):
+            for j in range(-(-count // piece)):
+                ids.append((node, j))
+                pieces.append(min(piece, count - piece * j))
+        out.add(ids, pieces, output)
+    return out
+
+
+def output_blocks(trace: BlockTrace, block: int = MOONCAKE_BLOCK) -> list[int]:
+    """Blocks each request's output adds beyond its prompt blocks."""
+    return [
+        -(-(sum(counts) + output) // block) - len(counts)
+        for counts, output in zip(trace.tokens, trace.outputs, strict=True)
+    ]
+
+
+def with_private_outputs(trace: BlockTrace, block: int = MOONCAKE_BLOCK) -> tuple[BlockTrace, list[int]]:
+    """Each request followed by its output blocks under ids no other request has."""
+    out = BlockTrace()
+    extra = output_blocks(trace, block)
+    for index, (path, counts) in enumerate(zip(trace.nodes, trace.tokens, strict=True)):
+        ids: list[Any] = [*path, *(("out", index, j) for j in range(extra[index]))]
+        out.add(ids, [*counts, *([block] * extra[index])])
+    return out, [len(path) for path in trace.nodes]
+
+
+def vllm_free_queue(
+    trace: BlockTrace, capacity: int, warmup: float = 0.0, block: int = MOONCAKE_BLOCK
+) -> Outcome:
+    """vLLM V1's pool, one request at a time, prompt only (no decode).
+
+    Only full blocks are cached; the lookup takes the first cached copy of each
+    block and stops at the first miss, at most ``(prompt - 1) // block`` blocks;
+    allocation pops the free-queue head (evicting a cached block there); a
+    request frees tail first, cached blocks to the queue tail, uncached (partial)
+    ones to the head.  A recomputed block becomes one more cached copy.
+    """
+    free: OrderedDict[int, None] = OrderedDict((page, None) for page in range(capacity))
+    refs: dict[int, int] = {}
+    copies: dict[int, list[int]] = {}
+    page_node: dict[int, int] = {}
+    evicted = 0
+    tally = _Tally(trace, warmup)
+    for index, (path, counts) in enumerate(zip(trace.nodes, trace.tokens, strict=True)):
+        full = 0
+        while full < len(counts) and counts[full] == block:
+            full += 1
+        hits: list[int] = []
+        for node in path[: min(full, (sum(counts) - 1) // block)]:
+            found = copies.get(node)
+            if not found:
+                break
+            hits.append(found[0])
+        tally.add(index, counts, len(hits))
+        new = len(path) - len(hits)
+        if new + sum(1 for page in hits if not refs.get(page)) > len(free):
+            continue  # larger than the pool
+        for page in hits:
+            if not refs.get(page):
+                del free[page]
+            refs[page] = refs.get(page, 0) + 1
+        table = list(hits)
+        for _ in range(new):
+            page, _unused = free.popitem(last=False)
+            node = page_node.pop(page, None)
+            if node is not None:
+                copies[node].remove(page)
+                evicted += 1
+            refs[page] = 1
+            table.append(page)
+        for position in range(len(hits), full):
+            copies.setdefault(path[position], []).append(table[position])
+            page_node[table[position]] = path[position]
+        heads: list[int] = []
+        for page in reversed(table):
+            refs[page] -= 1
+            if refs[page] == 0:
+                if page in page_node:
+                    free[page] = None
+                else:
+                    heads.append(page)
+        for page in reversed(heads):
+            free[page] = None
+            free.move_to_end(page, last=False)
+    return tally.outcome("vllm", capacity, warmup, evicted_blocks=evicted)
+
+
+def flat_lru(trace: BlockTrace, capacity: int, warmup: float = 0.0, any_position: bool = False) -> Outcome:
+    """A block store with plain LRU over blocks (no trie: an interior block can go).
+
+    Every block of a request is touched (or put) root to leaf after the lookup.
+    ``any_position`` counts every cached block of the request as a hit, not
+    only the contiguous prefix.
+    """
+    cache: OrderedDict[int, None] = OrderedDict()
+    evicted = 0
+    tally = _Tally(trace, warmup)
+    for index, (path, counts) in enumerate(zip(trace.nodes, trace.tokens, strict=True)):
+        if any_position:
+            present = [position for position, node in enumerate(path) if node in cache]
+            tally.add_hits(index, counts, sum(counts[p] for p in present), len(present))
+        else:
+            matched = 0
+            while matched < len(path) and path[matched] in cache:
+                matched += 1
+            tally.add(index, counts, matched)
+        for node in path:
+            if node in cache:
+                cache.move_to_end(node)
+                continue
+            if len(cache) >= capacity:
+                cache.popitem(last=False)
+                evicted += 1
+            cache[node] = None
+    return tally.outcome("flat-lru", capacity, warmup, evicted_blocks=evicted)
+
+
+FIG9_PUBLISHED = (0.045, 0.073, 0.087, 0.12, 0.17, 0.25, 0.326, 0.40, 0.40)
+
+
+def fig9_variants(trace: BlockTrace) -> dict[str, Any]:
+    """Every candidate definition at the Fig. 9 capacities: hit rates and error against the figure."""
+    block = MOONCAKE_BLOCK
+    cost = block_costs(trace)
+    halves = split_blocks(trace, 256)
+    half_cost = block_costs(halves)
+    outputs = output_blocks(trace, block)
+    private, measured = with_private_outputs(trace, block)
+    runs: dict[str, Any] = {
+        "lru (baseline: whole trace, token-weighted)": lambda t: leaf_lru(trace, t // block),
+        "lru, per-request mean": lambda t: leaf_lru(trace, t // block),
+        "lru, last 50%": lambda t: leaf_lru(trace, t // block, 0.5),
+        "lru, last 50%, per-request mean": lambda t: leaf_lru(trace, t // block, 0.5),
+        "lru, block-weighted": lambda t: leaf_lru(trace, t // block),
+        "lru, capacity charged by tokens": lambda t: leaf_lru_general(trace, t, cost=cost),
+        "lru, 256-token blocks": lambda t: leaf_lru(halves, t // 256),
+        "lru, 256-token blocks charged by tokens": lambda t: leaf_lru_general(halves, t, cost=half_cost),
+        "lru, outputs take room while running": lambda t: leaf_lru_general(
+            trace, t // block, reserve=outputs
+        ),
+        "lru, outputs cached": lambda t: leaf_lru_general(private, t // block, measured=measured),
+        "vllm free queue": lambda t: vllm_free_queue(trace, t // block),
+        "flat block LRU, prefix hits": lambda t: flat_lru(trace, t // block),
+        "flat block LRU, any-position hits": lambda t: flat_lru(trace, t // block, any_position=True),
+        "lru, capacity x2 (tokens / 256 slots of 512)": lambda t: leaf_lru(trace, t // 256),
+        "lru, capacity x2, last 50%": lambda t: leaf_lru(trace, t // 256, 0.5),
+        "vllm free queue, last 50%": lambda t: vllm_free_queue(trace, t // block, 0.5),
+        "lru, 256-token blocks, last 50%": lambda t: leaf_lru(halves, t // 256, 0.5),
+    }
+    out: dict[str, Any] = {"capacities_tokens": list(FIG9_TOKENS), "fig9": list(FIG9_PUBLISHED)}
+    out["variants"] = {}
+    for name, run in runs.items():
+        values = []
+        for tokens in FIG9_TOKENS:
+            outcome = run(tokens)
+            if "per-request mean" in name:
+                values.append(outcome.mean_request_hit)
+            elif "block-weighted" in name:
+                values.append(outcome.hit_rate_blocks)
+            else:
+                values.append(outcome.hit_rate_tokens)
+        errors = [value - published for value, published in zip(values, FIG9_PUBLISHED, strict=True)]
+        mid = errors[1:6]  # 1e5 .. 5e6 tokens
+        out["variants"][name] = {
+            "values": values,
+            "error": errors,
+            "rms_error": math.sqrt(statistics.fmean(e * e for e in errors)),
+            "rms_error_1e5_5e6": math.sqrt(statistics.fmean(e * e for e in mid)),
+        }
+        print(f"{name}: " + " ".join(f"{v:.4f}" for v in values), file=sys.stderr, flush=True)
+    return out
+
+
 # --- trace loading (independent of kvstate.traces) ------------------------------------------
 
 
@@ -297,7 +600,7 @@ def load_mooncake(path: Path, block_size: int = MOONCAKE_BLOCK) -> BlockTrace:
             hash_ids = record["hash_ids"]
             length = record["input_length"]
             counts = [min(block_size, length - block_size * i) for i in range(len(hash_ids))]
-            trace.add(hash_ids, counts)
+            trace.add(hash_ids, counts, int(record.get("output_length", 0)))
     return trace
 
 
@@ -361,6 +664,17 @@ def run_mooncake(args: argparse.Namespace) -> dict[str, Any]:
             row[f"lru warmup={warmup}"] = leaf_lru(trace, blocks, warmup).as_dict()
             row[f"fifo warmup={warmup}"] = fifo(trace, blocks, warmup).as_dict()
         result["lru_by_tokens"][str(tokens)] = row
+    return result
+
+
+def run_fig9(args: argparse.Namespace) -> dict[str, Any]:
+    trace = load_mooncake(Path(args.trace))
+    result = fig9_variants(trace)
+    result["trace"] = Path(args.trace).name
+    result["definition"] = (
+        "candidate definitions of FAST'25 Fig. 9 (see fig9_variants); fig9 values read off the "
+        "figure (about +-0.01)"
+    )
     return result
 
 
@@ -541,7 +855,13 @@ def run_azure(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, func in (("mooncake", run_mooncake), ("kvsim", run_kvsim), ("kvtester", run_kvtester)):
+    commands = (
+        ("mooncake", run_mooncake),
+        ("kvsim", run_kvsim),
+        ("kvtester", run_kvtester),
+        ("fig9", run_fig9),
+    )
+    for name, func in commands:
         command = sub.add_parser(name)
         command.add_argument("trace")
         command.add_argument("--out")

@@ -1,6 +1,6 @@
 """``kvstate simulate``: replay a request trace through the planner at one or more capacities.
 
-    kvstate simulate TRACE --capacity 1e6,3M,5859b [--policy lru,fifo] [--warmup 0.5]
+    kvstate simulate TRACE --capacity 1e6,3M,5859b [--policy lru,vllm,fifo] [--warmup 0.5]
                      [--granularity block|token] [--page-size P] [--block-size B]
                      [--eviction-unit node|page] [--no-decode] [--cache-output]
                      [--max-running R [--step-ms MS]]
@@ -12,7 +12,9 @@ granularity).  Every (policy, capacity) pair is one run, streamed from the
 file again.  By default requests run one at a time in file order; with
 --max-running they follow the trace's arrival times under continuous
 batching (decode iterations of --step-ms), and waits and retractions are
-counted.  ``--json`` prints one JSON object per run.  ``--out`` writes
+counted.  ``--policy vllm`` is vLLM's free-queue LRU, run on the block-mode
+core (one request at a time, block granularity).  ``--json`` prints one JSON
+object per run.  ``--out`` writes
 results.csv, results.json and hit_rate.png (one line per policy).  Exit 0 on
 success, 1 on a malformed trace, 2 on a usage error.
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 from kvstate.simulate.driver import SimulationError, pages_needed, simulate
 from kvstate.simulate.output import write_results
-from kvstate.simulate.policies import PolicyError, load_policy
+from kvstate.simulate.policies import VLLM_POLICY, PolicyError, load_policy
 from kvstate.simulate.settings import Granularity, SimulationResult, SimulationSettings
 from kvstate.traces import TRACE_FORMATS, TraceFormatError, read_trace
 
@@ -77,7 +79,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=None,
         metavar="NAME",
-        help="lru (default), fifo, lfu or module:Class; comma list or repeat",
+        help="lru (default: leaf LRU, SGLang), vllm (vLLM free-queue LRU), fifo, lfu or "
+        "module:Class; comma list or repeat",
     )
     parser.add_argument(
         "--warmup",
@@ -173,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
     policies = _split_list(args.policy or ["lru"])
     try:
         for name in policies:
-            load_policy(name)
+            if name != VLLM_POLICY:
+                load_policy(name)
     except PolicyError as error:
         return _usage(str(error))
     if not 0.0 <= args.warmup < 1.0:

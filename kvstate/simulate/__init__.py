@@ -4,11 +4,13 @@
 returns a ``SimulationResult`` (hit rates, evictions, peak pages, rejected
 and retracted requests, and the measurement definition); ``write_results``
 writes the CSV, JSON and PNG files of a sweep.  ``kvstate simulate`` is the
-command-line front (``kvstate.commands.simulate``).
+command-line front (``kvstate.commands.simulate``).  ``policy="vllm"`` runs
+vLLM's free-queue LRU through the block-mode core instead of the radix
+planner (``kvstate.simulate.vllm_driver``, imported on first use).
 """
 
 from kvstate.simulate.driver import SimulationError, TraceSimulator, block_units, simulate
-from kvstate.simulate.policies import BUILTIN_POLICIES, PolicyError, load_policy
+from kvstate.simulate.policies import BUILTIN_POLICIES, VLLM_POLICY, PolicyError, load_policy
 from kvstate.simulate.settings import SimulationResult, SimulationSettings
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "SimulationResult",
     "SimulationSettings",
     "TraceSimulator",
+    "VLLM_POLICY",
     "block_units",
     "load_policy",
     "simulate",

@@ -1,5 +1,8 @@
 """Continuous batching over the trace's arrival times, with a ``max_running`` bound.
 
+Drives a ``TraceSimulator`` (radix planner) or a ``VllmTraceSimulator``
+(vLLM's block pool); both offer ``admit``, ``extend_active`` and ``finish``.
+
 Time advances in decode iterations of ``step_ms`` milliseconds (a model
 parameter: the trace does not say how fast the engine was).  Each iteration:
 
@@ -16,8 +19,9 @@ parameter: the trace does not say how fast the engine was).  Each iteration:
 With nothing running and nobody waiting, the clock jumps to the next
 arrival.  A prefix is only in the cache once the request that wrote it has
 finished, so overlapping requests that share a prefix miss where a
-one-at-a-time replay would hit.  The simulator mutates only itself and its
-``TraceSimulator``.
+one-at-a-time replay would hit (under ``vllm`` a prompt block is cached as
+soon as it is computed, so a later request can share it while the writer still
+runs, as in vLLM).  The simulator mutates only itself and the simulator it drives.
 """
 
 from __future__ import annotations
@@ -25,16 +29,20 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from kvstate.simulate.driver import Admitted, ProgressCallback, TraceSimulator
+from kvstate.simulate.driver import ProgressCallback, TraceSimulator
 from kvstate.simulate.settings import SimulationResult
 from kvstate.traces.records import TraceRequest
+
+if TYPE_CHECKING:
+    from kvstate.simulate.vllm_driver import VllmTraceSimulator
 
 
 class _Running:
     __slots__ = ("active", "tokens_done", "length")
 
-    def __init__(self, active: Admitted) -> None:
+    def __init__(self, active: Any) -> None:
         self.active = active
         self.tokens_done = 0
         self.length = active.prompt_units  # key units allocated so far
@@ -43,7 +51,9 @@ class _Running:
 class BatchingSimulator:
     """Drives a ``TraceSimulator`` with arrival times, ``max_running`` and a step time."""
 
-    def __init__(self, simulator: TraceSimulator, max_running: int, step_ms: float) -> None:
+    def __init__(
+        self, simulator: TraceSimulator | VllmTraceSimulator, max_running: int, step_ms: float
+    ) -> None:
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         if not step_ms > 0:
@@ -109,7 +119,7 @@ class BatchingSimulator:
                     run.tokens_done += 1
                     target = self._target_length(run)
                     if target > run.length:
-                        if sim.extend_to(run.active.cursor.request, target):
+                        if sim.extend_active(run.active, target):
                             run.length = target
                         else:
                             counters.retracted += 1

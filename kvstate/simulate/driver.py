@@ -29,8 +29,7 @@ which replays arrival times with continuous batching.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +41,18 @@ from kvstate.planner.alloc import plan_extend
 from kvstate.planner.builder import Plan
 from kvstate.planner.requests import RequestCursor, plan_release
 from kvstate.planner.tree_ops import plan_match
-from kvstate.simulate.policies import EvictionPolicy, load_policy
+from kvstate.simulate.point import (
+    Counters,
+    PointSimulator,
+    ProgressCallback,
+    SimulationError,
+    run_point,
+)
+from kvstate.simulate.policies import VLLM_POLICY, EvictionPolicy, load_policy
 from kvstate.simulate.settings import SimulationResult, SimulationSettings
 from kvstate.state import ROOT, Geometry, RequestId, State
 from kvstate.traces.records import TraceRequest
 from kvstate.traces.tokens import full_block_tokens, partial_block_tokens, private_tokens
-
-ProgressCallback = Callable[[int], None]
-
-
-class SimulationError(ValueError):
-    """The trace and the settings do not fit together (for example block mode without hashes)."""
 
 
 def block_units(request: TraceRequest) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -81,16 +81,7 @@ class Admitted:
     measured: bool
 
 
-class _Counters:
-    def __init__(self) -> None:
-        self.requests = self.measured = 0
-        self.hit_tokens = self.total_tokens = self.hit_blocks = self.total_blocks = 0
-        self.evicted = self.peak = self.rejected = self.retracted = 0
-        self.filled = False
-        self.waited = 0
-
-
-class TraceSimulator:
+class TraceSimulator(PointSimulator):
     """One capacity point.  ``run`` consumes requests and returns a ``SimulationResult``.
 
     Owns its ``Engine`` and policy object; each instance runs once.
@@ -119,7 +110,7 @@ class TraceSimulator:
         self.engine = Engine(Geometry(num_pages=self.pool_pages, page_size=page_size), keep_events=False)
         self.policy: EvictionPolicy = load_policy(settings.policy)
         self.page_size = page_size
-        self.counters = _Counters()
+        self.counters = Counters()
 
     # -- engine helpers ------------------------------------------------------------------------
     def _commit(self, plan: Plan[Any]) -> Any:
@@ -145,6 +136,10 @@ class TraceSimulator:
         state = self.engine.state
         self.counters.peak = max(self.counters.peak, self.pool_pages - len(state.free_pages))
         return True
+
+    def extend_active(self, active: Admitted, length: int) -> bool:
+        """``extend_to`` for an admitted request (the step ``BatchingSimulator`` calls)."""
+        return self.extend_to(active.cursor.request, length)
 
     def _split_to_pages(self, key: Sequence[int]) -> None:
         """Split every node on ``key``'s cached path into one-page nodes (per-block trie)."""
@@ -257,53 +252,6 @@ class TraceSimulator:
             )
         )
 
-    def run(
-        self,
-        requests: Iterable[TraceRequest],
-        request_count: int,
-        progress: ProgressCallback | None = None,
-    ) -> SimulationResult:
-        first_measured = math.floor(request_count * self.settings.warmup)
-        for index, request in enumerate(requests):
-            self.step(index, request, measured=index >= first_measured)
-            if progress is not None and index % 256 == 255:
-                progress(index + 1)
-        if progress is not None:
-            progress(self.counters.requests)
-        return self.result()
-
-    def result(self) -> SimulationResult:
-        c = self.counters
-        return SimulationResult(
-            settings=self.settings,
-            trace=self.trace_name,
-            unit_tokens=self.unit_tokens,
-            capacity_pages=self.capacity_pages,
-            requests=c.requests,
-            measured_requests=c.measured,
-            hit_tokens=c.hit_tokens,
-            total_tokens=c.total_tokens,
-            hit_blocks=c.hit_blocks,
-            total_blocks=c.total_blocks,
-            evicted_pages=c.evicted,
-            peak_pages=c.peak,
-            rejected_requests=c.rejected,
-            retracted_requests=c.retracted,
-            waited_requests=c.waited,
-            underfilled=self.settings.warmup > 0 and not c.filled,
-        )
-
-
-def unit_tokens_for(settings: SimulationSettings, first: TraceRequest | None) -> int:
-    """Tokens per page: the trace's block size in block granularity, else ``page_size``."""
-    if settings.granularity == "token":
-        return settings.page_size
-    if first is None:
-        return 1
-    if first.block_size < 1:
-        raise SimulationError(f"{first.source} has no hash blocks; use --granularity token for this trace")
-    return first.block_size
-
 
 def simulate(
     requests: Iterable[TraceRequest],
@@ -320,30 +268,17 @@ def simulate(
     With ``record`` every event is written to a kvstate log at that path.
     ``page_bound`` (see ``pages_needed``) caps the pool actually built, which
     keeps "infinite" capacities cheap without changing any result.
+    ``settings.policy == "vllm"`` runs vLLM's free-queue LRU instead
+    (``kvstate.simulate.vllm_driver``: the block-mode core, not the radix planner).
     """
-    iterator = iter(requests)
-    first = next(iterator, None)
-    unit = unit_tokens_for(settings, first)
-    name = first.source if first is not None else ""
-    simulator = TraceSimulator(settings, unit, name, page_bound)
-    stream: Iterable[TraceRequest] = [] if first is None else _chain_first(first, iterator)
-    runner: Any = simulator
-    if settings.max_running is not None:
-        from kvstate.simulate.batching import BatchingSimulator
+    if settings.policy == VLLM_POLICY:
+        from kvstate.simulate.vllm_driver import simulate_vllm
 
-        runner = BatchingSimulator(simulator, settings.max_running, settings.step_ms)
-    if record is None:
-        return runner.run(stream, request_count, progress)  # type: ignore[no-any-return]
-    from kvstate.log.writer import Recorder
-
-    meta = {"workload": "trace", "trace": name, "settings": repr(settings)}
-    with Recorder(simulator.engine, record, meta=meta):
-        return runner.run(stream, request_count, progress)  # type: ignore[no-any-return]
-
-
-def _chain_first(first: TraceRequest, rest: Iterable[TraceRequest]) -> Iterable[TraceRequest]:
-    yield first
-    yield from rest
+        return simulate_vllm(
+            requests, settings, request_count, record=record, progress=progress, page_bound=page_bound
+        )
+    return run_point(TraceSimulator, requests, settings, request_count, record=record,
+                     progress=progress, page_bound=page_bound)
 
 
 def pages_needed(requests: Iterable[TraceRequest], settings: SimulationSettings, unit_tokens: int) -> int:

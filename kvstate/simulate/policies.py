@@ -77,6 +77,9 @@ class LeafLFU:
 
 BUILTIN_POLICIES: dict[str, type[Any]] = {"lru": LeafLRU, "fifo": LeafFIFO, "lfu": LeafLFU}
 
+VLLM_POLICY = "vllm"
+"""Not a leaf order: vLLM's free-queue LRU, run by ``kvstate.simulate.vllm_driver``."""
+
 
 class PolicyError(ValueError):
     """A policy name that is neither built in nor an importable ``module:Class``."""

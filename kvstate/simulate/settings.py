@@ -32,7 +32,8 @@ class SimulationSettings:
 
     Attributes:
         capacity_tokens: KV pool size in tokens.
-        policy: eviction policy name (``lru``, ``fifo``, ``lfu`` or ``module:Class``).
+        policy: eviction policy name (``lru``, ``fifo``, ``lfu``, ``module:Class``, or
+            ``vllm``: vLLM's free-queue LRU, run by ``kvstate.simulate.vllm_driver``).
         warmup: fraction of requests (in stream order) that warm the cache unmeasured.
         granularity: ``block`` maps each trace hash block to one page (fast, and
             the hash-block semantics of kvcache-simulator); ``token`` drives the
@@ -109,14 +110,23 @@ class SimulationResult:
             else f"continuous batching over arrival times, max_running {s.max_running}, "
             f"decode step {s.step_ms} ms"
         )
+        if s.policy == "vllm":
+            caching = (
+                "vllm: vLLM V1 free-queue LRU on the block-mode core; only full blocks are cached "
+                "(full output blocks too, under private keys), the last prompt token is always "
+                f"recomputed; outputs decoded: {s.decode}"
+            )
+        else:
+            caching = (
+                f"eviction unit: {s.eviction_unit}; outputs decoded: {s.decode}; "
+                f"outputs cached: {s.cache_output}"
+            )
         return (
             f"window: requests after the first floor({s.warmup} * n) in stream order; "
             f"schedule: {schedule}; "
             "hit: longest contiguous cached prefix, looked up at admission; "
             f"weighting: tokens (hit_rate_tokens) and {unit}s (hit_rate_blocks); "
-            f"block size {self.unit_tokens} tokens; capacity {self.capacity_pages} pages; "
-            f"eviction unit: {s.eviction_unit}; outputs decoded: {s.decode}; "
-            f"outputs cached: {s.cache_output}"
+            f"block size {self.unit_tokens} tokens; capacity {self.capacity_pages} pages; {caching}"
         )
 
     def to_json(self) -> dict[str, Any]:

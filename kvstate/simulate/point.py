@@ -1,0 +1,138 @@
+"""What every simulator of one capacity point shares: counters, the request loop, the result.
+
+``PointSimulator`` is the base of ``driver.TraceSimulator`` (the radix
+planner) and ``vllm_driver.VllmTraceSimulator`` (vLLM's block pool); a
+subclass provides ``step`` (and, for batching, ``admit`` /
+``extend_active`` / ``finish``) and an ``engine``.  ``run_point`` builds one
+for a request stream, optionally under continuous batching and with a
+``Recorder``.  Simulators own their engine and ``Counters`` and mutate only
+them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kvstate.simulate.settings import SimulationResult, SimulationSettings
+from kvstate.traces.records import TraceRequest
+
+ProgressCallback = Callable[[int], None]
+
+
+class SimulationError(ValueError):
+    """The trace and the settings do not fit together (for example block mode without hashes)."""
+
+
+class Counters:
+    """The run's tallies (a simulator owns one and mutates it as requests go by)."""
+
+    def __init__(self) -> None:
+        self.requests = self.measured = 0
+        self.hit_tokens = self.total_tokens = self.hit_blocks = self.total_blocks = 0
+        self.evicted = self.peak = self.rejected = self.retracted = 0
+        self.filled = False
+        self.waited = 0
+
+
+class PointSimulator:
+    """The request loop and the result of one capacity point (subclasses define ``step``)."""
+
+    settings: SimulationSettings
+    trace_name: str
+    unit_tokens: int
+    capacity_pages: int
+    counters: Counters
+    engine: Any
+
+    def step(self, index: int, request: TraceRequest, measured: bool) -> None:
+        raise NotImplementedError
+
+    def run(
+        self,
+        requests: Iterable[TraceRequest],
+        request_count: int,
+        progress: ProgressCallback | None = None,
+    ) -> SimulationResult:
+        first_measured = math.floor(request_count * self.settings.warmup)
+        for index, request in enumerate(requests):
+            self.step(index, request, measured=index >= first_measured)
+            if progress is not None and index % 256 == 255:
+                progress(index + 1)
+        if progress is not None:
+            progress(self.counters.requests)
+        return self.result()
+
+    def result(self) -> SimulationResult:
+        c = self.counters
+        return SimulationResult(
+            settings=self.settings,
+            trace=self.trace_name,
+            unit_tokens=self.unit_tokens,
+            capacity_pages=self.capacity_pages,
+            requests=c.requests,
+            measured_requests=c.measured,
+            hit_tokens=c.hit_tokens,
+            total_tokens=c.total_tokens,
+            hit_blocks=c.hit_blocks,
+            total_blocks=c.total_blocks,
+            evicted_pages=c.evicted,
+            peak_pages=c.peak,
+            rejected_requests=c.rejected,
+            retracted_requests=c.retracted,
+            waited_requests=c.waited,
+            underfilled=self.settings.warmup > 0 and not c.filled,
+        )
+
+
+def unit_tokens_for(settings: SimulationSettings, first: TraceRequest | None) -> int:
+    """Tokens per page: the trace's block size in block granularity, else ``page_size``."""
+    if settings.granularity == "token":
+        return settings.page_size
+    if first is None:
+        return 1
+    if first.block_size < 1:
+        raise SimulationError(f"{first.source} has no hash blocks; use --granularity token for this trace")
+    return first.block_size
+
+
+SimulatorFactory = Callable[[SimulationSettings, int, str, "int | None"], PointSimulator]
+
+
+def run_point(
+    make: SimulatorFactory,
+    requests: Iterable[TraceRequest],
+    settings: SimulationSettings,
+    request_count: int,
+    *,
+    record: str | Path | None = None,
+    progress: ProgressCallback | None = None,
+    page_bound: int | None = None,
+) -> SimulationResult:
+    """Build ``make(settings, unit_tokens, trace_name, page_bound)`` and run the stream through it."""
+    iterator = iter(requests)
+    first = next(iterator, None)
+    unit = unit_tokens_for(settings, first)
+    name = first.source if first is not None else ""
+    simulator = make(settings, unit, name, page_bound)
+    stream: Iterable[TraceRequest] = [] if first is None else _chain_first(first, iterator)
+    runner: Any = simulator
+    if settings.max_running is not None:
+        from kvstate.simulate.batching import BatchingSimulator
+
+        # both simulators provide admit / extend_active / finish for batching
+        runner = BatchingSimulator(simulator, settings.max_running, settings.step_ms)  # type: ignore[arg-type]
+    if record is None:
+        return runner.run(stream, request_count, progress)  # type: ignore[no-any-return]
+    from kvstate.log.writer import Recorder
+
+    meta = {"workload": "trace", "trace": name, "settings": repr(settings)}
+    with Recorder(simulator.engine, record, meta=meta):
+        return runner.run(stream, request_count, progress)  # type: ignore[no-any-return]
+
+
+def _chain_first(first: TraceRequest, rest: Iterable[TraceRequest]) -> Iterator[TraceRequest]:
+    yield first
+    yield from rest
