@@ -424,8 +424,8 @@ def test_a_budget_below_one_page_holds_nothing():
 
 
 def test_a_recorded_run_replays_clean(tmp_path):
+    from kvstate.log.recorder import Recorder
     from kvstate.log.replay import replay_path
-    from kvstate.log.writer import Recorder
 
     manager = paged(16)
     path = tmp_path / "kv.log"

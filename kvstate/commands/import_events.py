@@ -22,7 +22,7 @@ import json
 import sys
 from typing import Any
 
-from kvstate.log.writer import Recorder
+from kvstate.log.recorder import Recorder
 
 
 def register(subparsers: Any) -> None:

@@ -15,8 +15,8 @@ import sys
 from typing import Any
 
 from kvstate.log.format import DEFAULT_CHECKPOINT_EVERY
+from kvstate.log.recorder import Recorder
 from kvstate.log.synthetic import SyntheticRun, WorkloadSpec, run_synthetic
-from kvstate.log.writer import Recorder
 
 
 def register(subparsers: Any) -> None:

@@ -20,9 +20,10 @@ from kvstate.log.format import (
 )
 from kvstate.log.minimize import MinimizeResult, NoFailure, minimize_events, minimize_file
 from kvstate.log.reader import LogReader, read_events, read_header
+from kvstate.log.recorder import Recorder
 from kvstate.log.replay import ReplayFailure, ReplayResult, Summary, replay, replay_path
 from kvstate.log.upcast import UPCASTERS, upcaster
-from kvstate.log.writer import LogWriter, Recorder, make_header, write_log
+from kvstate.log.writer import LogWriter, make_header, write_log
 
 __all__ = [
     "FORMAT_VERSION",

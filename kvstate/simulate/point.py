@@ -126,7 +126,7 @@ def run_point(
         runner = BatchingSimulator(simulator, settings.max_running, settings.step_ms)  # type: ignore[arg-type]
     if record is None:
         return runner.run(stream, request_count, progress)  # type: ignore[no-any-return]
-    from kvstate.log.writer import Recorder
+    from kvstate.log.recorder import Recorder
 
     meta = {"workload": "trace", "trace": name, "settings": repr(settings)}
     with Recorder(simulator.engine, record, meta=meta):
