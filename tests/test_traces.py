@@ -425,7 +425,7 @@ def test_trace_request_rejects_inconsistent_lengths() -> None:
 
 
 def reference_simulator() -> Any:
-    """Load tools/trace_hit_rates.py as a module (tools/ is not a package)."""
+    """Load tools/trace_hit_rates.py by path, as `python tools/trace_hit_rates.py` runs it."""
     import importlib.util
     import sys
 

@@ -2,11 +2,11 @@
 
 While enabled, every token a forward pass would compute gets a deterministic
 tag written into its slot in every layer: a pattern of small integers (exact
-in fp16/bf16/fp32) derived from ``(writer, position, layer)``, where the
-writer is a request incarnation (a request id plus a counter, since rows are
-reused) or, for KV the tree received without a writing request, the
-inserting node.  The monitor keeps, independently of the buffers, which tag
-every live token *should* hold:
+in fp16/bf16/fp32; computed in :mod:`kvstate.executor.integrity_tags`) derived
+from ``(writer, position, layer)``, where the writer is a request incarnation
+(a request id plus a counter, since rows are reused) or, for KV the tree
+received without a writing request, the inserting node.  The monitor keeps,
+independently of the buffers, which tag every live token *should* hold:
 
     request r, position p   -> the tag its own write left there, or the tag of
                                the tree / shared token it was linked to
@@ -37,36 +37,13 @@ import attrs
 import torch
 
 from kvstate.events import Event
-from kvstate.executor.integrity_block import (
-    NULL_UID,
-    block_tree_reads,
-    cache_blocks,
-    null_content,
-    seed_block_state,
-)
+from kvstate.executor.integrity_block import block_tree_reads, cache_blocks, null_content, seed_block_state
 from kvstate.executor.integrity_host import verify_host
-from kvstate.executor.mla import MLATorchExecutor
+from kvstate.executor.integrity_tags import Content, expected_tags, write_tags
+from kvstate.executor.integrity_tags import tag_values as tag_values  # re-exported (moved)
 from kvstate.executor.plan import IndexPlan, node_depth
 from kvstate.executor.readback import compare_reads, export_reads
 from kvstate.state import RequestId, State
-
-Content = tuple[int, int]  # (writer uid, position the KV was computed for)
-_M1, _M2, _M3 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D
-_M4, _M5 = 0x27D4EB2F, 0x165667B1
-
-
-def tag_values(uids: torch.Tensor, positions: torch.Tensor, layer: int, width: int,
-               salt: int) -> torch.Tensor:
-    """``[n, width]`` int64 tags in ``[-128, 127]`` for ``(uid, position)`` pairs (pure)."""
-    h = uids * _M1 + positions * _M2 + (layer * 4 + salt + 1) * _M3
-    h = h ^ (h >> 15)
-    columns = torch.arange(width, dtype=torch.int64, device=uids.device) * _M4 + _M5
-    x = h[:, None] ^ columns[None, :]
-    x = x * _M2
-    x = x ^ (x >> 13)
-    x = x * _M3
-    x = x ^ (x >> 16)
-    return (x & 255) - 128
 
 
 @attrs.frozen
@@ -248,36 +225,14 @@ class IntegrityMonitor:
         self.node_content[node_id] = content_list
         self.write_tags(fresh_slots, fresh)
 
-    # -- tags ----------------------------------------------------------------------
+    # -- tags (computed in integrity_tags) -------------------------------------------
     def expected(self, contents: Sequence[Content], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Expected ``(k, v)`` rows for ``contents`` in one layer, in the buffers' dtype."""
-        ex = self.executor
-        device = ex.device
-        uids = torch.tensor([c[0] for c in contents], dtype=torch.int64, device=device)
-        positions = torch.tensor([c[1] for c in contents], dtype=torch.int64, device=device)
-        if isinstance(ex, MLATorchExecutor):
-            k = tag_values(uids, positions, layer, ex.config.row_width, 0).to(ex.dtype)
-            v = k[:, : ex.kv_lora_rank]
-        else:
-            k = tag_values(uids, positions, layer, ex.head_num * ex.head_dim, 0).to(ex.dtype).view(
-                -1, ex.head_num, ex.head_dim)
-            v = tag_values(uids, positions, layer, ex.head_num * ex.v_head_dim, 1).to(ex.dtype).view(
-                -1, ex.head_num, ex.v_head_dim)
-        null = (uids == NULL_UID).nonzero().flatten()
-        if null.numel():  # null-page positions read the padding page as it is
-            k_buf, v_buf = ex.get_kv_buffer(layer)
-            k[null] = k_buf.index_select(0, positions[null])
-            if not isinstance(ex, MLATorchExecutor):
-                v[null] = v_buf.index_select(0, positions[null])
-        return k, v
+        return expected_tags(self.executor, contents, layer)
 
     def write_tags(self, slots: Sequence[int], contents: Sequence[Content]) -> None:
         """Write the tags of ``contents`` at ``slots`` in every layer (the forward pass's writes)."""
-        if not slots:
-            return
-        for layer in range(self.executor.layer_num):
-            k, v = self.expected(contents, layer)
-            self.executor.set_kv_buffer(layer, slots, k, v)
+        write_tags(self.executor, slots, contents)
 
     # -- checking --------------------------------------------------------------------
     def verify(self, state: State | None = None) -> IntegrityReport:

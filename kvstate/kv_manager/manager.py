@@ -8,17 +8,11 @@ changed only by events that the pure planners in this package compute; the
 manager keeps no other bookkeeping.  Each public call either commits one
 plan (all its events) or raises / returns ``False`` having changed nothing.
 
-Modes.  Part 1 and Part 2 size memory differently, so the first allocation
-call picks the mode for the manager's lifetime (or pass ``mode=``):
-
-* ``allocate`` -> basic: one core page per token over all layers, so the
-  page count is exactly ``max_gpu_memory_bytes // bytes_per_token``;
-* ``allocate_paged`` / ``enable_prefix_cache`` -> paged: one core page per
-  ``page_size`` tokens of one layer.
-
-Calling the other mode's allocator raises ``ModeError``.  The engine's
-geometry is set when the mode is picked (``Engine.configure``, before any
-event), so attach a log recorder after the first allocation or pass ``mode=``.
+Modes (``modes.py``): the first allocation call picks basic (``allocate``)
+or paged (``allocate_paged`` / ``enable_prefix_cache``) sizing for the
+manager's lifetime, or pass ``mode=``; the other mode's calls raise
+``ModeError``.  Attach a log recorder after that choice (it configures the
+engine's geometry).  Key / value checks live in ``vectors.py``.
 
 Core request ids (see ``names.py``): one anchor ``req/<id>`` per seed request
 plus one table ``L<layer>/<id>`` per layer.  Per-layer tables, rather than
@@ -30,7 +24,6 @@ table exactly the seed's ``(request, layer, logical page) -> page`` map.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -41,6 +34,7 @@ from kvstate.kv_manager import basic, paged, sharing
 from kvstate.kv_manager.checks import check_count as _count
 from kvstate.kv_manager.checks import check_layer, model_config
 from kvstate.kv_manager.errors import ModeError
+from kvstate.kv_manager.modes import BASIC, PAGED, check_mode, mode_capacity, mode_geometry
 from kvstate.kv_manager.names import anchor_name, layer_name
 from kvstate.kv_manager.prefix import find_prefix, prefix_tokens_of
 from kvstate.kv_manager.stats import (
@@ -51,11 +45,9 @@ from kvstate.kv_manager.stats import (
     used_pages,
 )
 from kvstate.kv_manager.values import ValueStore, default_dtype
+from kvstate.kv_manager.vectors import kv_vectors
 from kvstate.planner.builder import Plan
 from kvstate.state import Geometry
-
-BASIC = "basic"
-PAGED = "paged"
 
 
 class KVCacheManager:
@@ -86,10 +78,9 @@ class KVCacheManager:
         self._store: ValueStore | None = None
         # A one-page placeholder until the mode (and so the geometry) is chosen.
         self.engine = Engine(Geometry(num_pages=1))
-        if mode is not None:
-            if mode not in (BASIC, PAGED):
-                raise ValueError(f"mode must be 'basic', 'paged' or None, got {mode!r}")
-            self._enter(mode)
+        checked_mode = check_mode(mode)
+        if checked_mode is not None:
+            self._enter(checked_mode)
 
     # -- mode and geometry ---------------------------------------------------
     @property
@@ -101,18 +92,11 @@ class KVCacheManager:
     def prefix_cache_enabled(self) -> bool:
         return self._prefix_cache
 
-    def _capacity(self, mode: str) -> int:
-        return self.max_tokens if mode == BASIC else self.max_pages
-
-    def _geometry(self, mode: str) -> Geometry:
-        pages = max(self._capacity(mode), 1)
-        size = 1 if mode == BASIC else self.page_size
-        return Geometry(num_pages=pages, page_size=size, row_width=pages * size)
-
     @property
     def _phantom(self) -> int:
         """1 when the budget holds no page: the geometry's lone page is never handed out."""
-        return 1 if self._mode is not None and self._capacity(self._mode) == 0 else 0
+        mode = self._mode
+        return 1 if mode is not None and mode_capacity(mode, self.max_tokens, self.max_pages) == 0 else 0
 
     def _enter(self, mode: str) -> None:
         if self._mode == mode:
@@ -120,7 +104,7 @@ class KVCacheManager:
         if self._mode is not None:
             raise ModeError(f"this manager is in {self._mode} mode; "
                             f"{mode} calls need a separate KVCacheManager")
-        geometry = self._geometry(mode)
+        geometry = mode_geometry(mode, self.max_tokens, self.max_pages, self.page_size)
         if geometry != self.engine.geometry:
             self.engine.configure(num_pages=geometry.num_pages, page_size=geometry.page_size,
                                   row_width=geometry.row_width)
@@ -136,26 +120,6 @@ class KVCacheManager:
 
     def _layer(self, layer: int) -> int:
         return check_layer(layer, self.config.num_layers)
-
-    def _vector(self, name: str, values: Sequence[float], width: int) -> torch.Tensor:
-        try:
-            length = len(values)
-        except TypeError:
-            raise TypeError(f"{name} must be a list of floats, got {type(values).__name__}") from None
-        if length != width:
-            raise ValueError(f"{name} has {length} values; expected {width} "
-                             f"(num_kv_heads * {'head_dim' if name == 'key' else 'v_head_dim'})")
-        if isinstance(values, torch.Tensor):
-            return values.detach().reshape(-1).to("cpu", torch.float64)
-        try:
-            return torch.tensor(list(values), dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise TypeError(f"{name} must hold real numbers: {exc}") from None
-
-    def _vectors(self, key: Sequence[float], value: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
-        heads = self.config.num_kv_heads
-        return (self._vector("key", key, heads * self.config.head_dim),
-                self._vector("value", value, heads * self.config.value_head_dim))
 
     def _values(self) -> ValueStore:
         if self._store is None:
@@ -202,7 +166,7 @@ class KVCacheManager:
             return
         self._require(request_id)
         self._layer(layer)
-        k, v = self._vectors(key, value)
+        k, v = kv_vectors(self.config, key, value)
         plan = basic.plan_append(self.engine.state, request_id, layer)
         store = self._values()
         slot = self._commit(plan)
@@ -278,7 +242,7 @@ class KVCacheManager:
                             "basic mode (use append_token)")
         self._require(request_id)
         self._layer(layer)
-        k, v = self._vectors(key, value)
+        k, v = kv_vectors(self.config, key, value)
         plan = paged.plan_append(self.engine.state, request_id, layer, self._phantom)
         store = self._values()
         slot = self._commit(plan)

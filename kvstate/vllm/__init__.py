@@ -15,8 +15,9 @@ names below.  Submodules:
 * :mod:`kvstate.vllm.hashing` -- ``sha256_cbor`` chained block hashes, ``NONE_HASH``;
 * :mod:`kvstate.vllm.kv_events` -- ``BlockStored`` / ``BlockRemoved`` /
   ``AllBlocksCleared`` / ``KVEventBatch`` and their msgpack wire forms;
-* :mod:`kvstate.vllm.zmq_events` -- ZMQ publisher with replay and a gap-filling
-  subscriber (needs the optional ``pyzmq``; not imported here).
+* :mod:`kvstate.vllm.zmq_events` -- ZMQ publisher with replay
+  (``zmq_publisher``) and a gap-filling subscriber (``zmq_subscriber``),
+  re-exported together (needs the optional ``pyzmq``; not imported here).
 """
 
 from __future__ import annotations
