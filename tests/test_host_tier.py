@@ -23,6 +23,7 @@ from kvstate.events import (
 from kvstate.events_host import HostFree, Load, Offload
 from kvstate.executor import HostPool, TorchExecutor, enable_integrity
 from kvstate.invariants import check
+from kvstate.invariants_host import check_host as named_host_checks
 from kvstate.planner.host import (
     WRITE_BACK,
     WRITE_THROUGH,
@@ -313,7 +314,7 @@ class HostTierMachine(RuleBasedStateMachine):
     def consistent(self):
         assert self.executor.tiered_state == self.state
         assert check(self.state.core) == []
-        assert check_host(self.state) == []
+        assert named_host_checks(self.state) == []
         report = self.monitor.verify()
         assert report.ok, str(report)
 

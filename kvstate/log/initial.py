@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 from kvstate.events import Event
 from kvstate.invariants import Violation, check
+from kvstate.invariants_host import check_host
 from kvstate.log.format import LogHeader
 from kvstate.reducer import apply
-from kvstate.reducer.host import apply_tiered, check_host
+from kvstate.reducer.host import apply_tiered
 from kvstate.state import Geometry, State, initial_state
 from kvstate.state_host import TieredState, tiered
 
@@ -54,9 +55,7 @@ def with_host_checks(checker: Callable[[State], list[Violation]]
     def run(state: ReplayState) -> list[Violation]:
         if not isinstance(state, TieredState):
             return checker(state)
-        found = checker(state.core)
-        found.extend(Violation("host_tier", problem) for problem in check_host(state))
-        return found
+        return checker(state.core) + check_host(state)
 
     return run
 

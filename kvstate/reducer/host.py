@@ -11,15 +11,15 @@ unchanged; then the host tier follows:
              refused for a node that is not backed up but has a host-only child
     Reset    ``tree`` / ``all`` drop the whole host tier
 
-Invariants kept (checked from scratch by :func:`check_host`): a host page is
-owned by one node at most; backed-up nodes form a root-closed set; a
-host-only node keeps its key and hangs off a live parent.  On a plain
+Invariants kept (named and checked from scratch in :mod:`kvstate.invariants_host`):
+a host page is owned by one node at most; backed-up nodes form a root-closed
+set; a host-only node keeps its key and hangs off a live parent.  On a plain
 ``State`` the host events are registered to refuse with a clear message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from immutables import Map
 
@@ -239,52 +239,7 @@ def _evolve(host: HostTier, **changes: object) -> HostTier:
 
 # -- invariants ------------------------------------------------------------------------------
 def check_host(state: TieredState) -> list[str]:
-    """Host-tier invariants, recomputed from scratch (read-only)."""
-    return list(_host_problems(state))
+    """The host-tier invariants' messages (``kvstate.invariants_host`` names them)."""
+    from kvstate.invariants_host import check_host as named
 
-
-def _host_problems(state: TieredState) -> Iterator[str]:
-    core, host = state.core, state.host
-    size = core.geometry.page_size
-    seen: dict[int, int] = {}
-    for node_id, pages in host.backup.items():
-        for page in pages:
-            if page in seen:
-                yield f"host page {page} is owned by nodes {seen[page]} and {node_id}"
-            seen[page] = node_id
-            if host.owner.get(page) != node_id:
-                yield f"host page {page} of node {node_id} has owner {host.owner.get(page)}"
-            if page in host.free_pages:
-                yield f"host page {page} of node {node_id} is also free"
-    if len(seen) + len(host.free_pages) != host.num_pages or len(host.owner) != len(seen):
-        yield "host pages are not partitioned into free and owned"
-    for node_id in host.backup.keys():
-        device = core.nodes.get(node_id)
-        record = host.evicted.get(node_id)
-        if (device is None) == (record is None):
-            yield f"backed-up node {node_id} must be exactly one of device and host-only"
-            continue
-        parent = device.parent if device is not None else record.parent  # type: ignore[union-attr]
-        if parent != ROOT and parent not in host.backup:
-            yield f"backed-up node {node_id} has parent {parent} without a host copy"
-        key = device.key if device is not None else record.key  # type: ignore[union-attr]
-        if len(host.backup[node_id]) * size != len(key):
-            yield f"node {node_id}: {len(host.backup[node_id])} host pages for {len(key)} tokens"
-    for node_id, record in host.evicted.items():
-        if node_id in core.nodes:
-            yield f"host-only node {node_id} is also in the device tree"
-        if not record.key:
-            yield f"host-only node {node_id} lost its key"
-            continue
-        if node_id not in host.backup:
-            yield f"host-only node {node_id} has no host copy"
-        if record.parent != ROOT and record.parent not in core.nodes and record.parent not in host.evicted:
-            yield f"host-only node {node_id} hangs off missing parent {record.parent}"
-        child_key = core.geometry.child_key(record.key)
-        if host.evicted_children.get((record.parent, child_key)) != node_id:
-            yield f"host-only node {node_id} is not indexed under its parent"
-        parent = core.nodes.get(record.parent)
-        if parent is not None and child_key in parent.children:
-            yield f"host-only node {node_id} and device node {parent.children[child_key]} share a key"
-    if len(host.evicted_children) != len(host.evicted):
-        yield "the host-only child index has stale entries"
+    return [violation.message for violation in named(state)]
