@@ -272,12 +272,12 @@ def simulate(
     (``kvstate.simulate.vllm_driver``: the block-mode core, not the radix planner).
     """
     if settings.policy == VLLM_POLICY:
-        from kvstate.simulate.vllm_driver import simulate_vllm
+        from kvstate.simulate.vllm_driver import VllmTraceSimulator
 
-        return simulate_vllm(
-            requests, settings, request_count, record=record, progress=progress, page_bound=page_bound
-        )
-    return run_point(TraceSimulator, requests, settings, request_count, record=record,
+        make: Any = VllmTraceSimulator
+    else:
+        make = TraceSimulator
+    return run_point(make, requests, settings, request_count, record=record,
                      progress=progress, page_bound=page_bound)
 
 

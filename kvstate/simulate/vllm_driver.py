@@ -44,8 +44,6 @@ The driver owns its manager and counters and mutates only them; an optional
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from kvstate.events import Event
@@ -54,19 +52,17 @@ from kvstate.simulate.driver import block_units
 from kvstate.simulate.point import (
     Counters,
     PointSimulator,
-    ProgressCallback,
     SimulationError,
-    run_point,
 )
 from kvstate.simulate.policies import VLLM_POLICY
-from kvstate.simulate.settings import SimulationResult, SimulationSettings
+from kvstate.simulate.settings import SimulationSettings
 from kvstate.state import State, block_child_key
 from kvstate.traces.records import TraceRequest
 from kvstate.traces.tokens import private_tokens
 from kvstate.vllm.hashing import hash_block_tokens, none_hash
 from kvstate.vllm.manager import KVCacheManager
 
-__all__ = ["VLLM_POLICY", "UnitRequest", "VllmTraceSimulator", "simulate_vllm"]
+__all__ = ["VLLM_POLICY", "UnitRequest", "VllmTraceSimulator"]
 
 
 class UnitRequest:
@@ -278,17 +274,3 @@ class VllmTraceSimulator(PointSimulator):
             if not self.extend_active(active, total_units, computed // self.unit_tokens):
                 self.counters.retracted += 1
         self.finish(active)
-
-
-def simulate_vllm(
-    requests: Iterable[TraceRequest],
-    settings: SimulationSettings,
-    request_count: int,
-    *,
-    record: str | Path | None = None,
-    progress: ProgressCallback | None = None,
-    page_bound: int | None = None,
-) -> SimulationResult:
-    """``driver.simulate`` for ``policy == "vllm"`` (same arguments, same result fields)."""
-    return run_point(VllmTraceSimulator, requests, settings, request_count, record=record,
-                     progress=progress, page_bound=page_bound)
