@@ -165,6 +165,10 @@ def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
         return
     for target, source in zip(targets, sources, strict=True):
         target.copy_(source, non_blocking=True)
+    if targets[0].device.type == "cpu" and sources[0].device.type == "cuda":
+        # A device-to-host copy is asynchronous even into pinned memory, and CPU
+        # reads of the host pool are not ordered after it on any stream: wait.
+        torch.cuda.synchronize(sources[0].device)
 
 
 def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: Sequence[int],
