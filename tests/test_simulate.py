@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,49 +16,16 @@ from kvstate.cli import main
 from kvstate.simulate import SimulationSettings, load_policy, simulate
 from kvstate.simulate.policies import LeafLFU, PolicyError
 from kvstate.traces import TraceRequest
-
-BLOCK = 4
-
-
-def reference() -> Any:
-    path = Path(__file__).resolve().parents[1] / "tools" / "trace_hit_rates.py"
-    spec = importlib.util.spec_from_file_location("trace_hit_rates", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+from tests.trace_fixtures import BLOCK, chain_requests, reference_simulator
 
 
 def requests_from(paths: list[list[int]], tails: list[int], outputs: int = 0) -> list[TraceRequest]:
     """Prefix-chained block keys (a trie path -> keys); the last block holds ``tail`` tokens."""
-    out = []
-    for index, (path, tail) in enumerate(zip(paths, tails, strict=True)):
-        keys, node = [], 0
-        for step in path:
-            node = node * 3 + step + 1
-            keys.append(node)
-        counts = [BLOCK] * (len(keys) - 1) + [tail]
-        if tail < BLOCK:  # a partial block has its own hash (as in Mooncake): id depends on its length
-            keys[-1] = 1_000_000 + keys[-1] * BLOCK + tail
-        out.append(
-            TraceRequest(
-                request_id=f"r{index}",
-                sequence=index,
-                arrival_s=float(index),
-                prompt_length=sum(counts),
-                output_length=outputs,
-                source="fixture",
-                block_size=BLOCK,
-                block_keys=tuple(keys),
-                block_token_counts=tuple(counts),
-            )
-        )
-    return out
+    return chain_requests(list(zip(paths, tails, strict=True)), outputs)
 
 
 def reference_trace(requests: list[TraceRequest]) -> Any:
-    sim = reference()
+    sim = reference_simulator()
     trace = sim.BlockTrace()
     for request in requests:
         trace.add(list(request.block_keys), list(request.block_token_counts))

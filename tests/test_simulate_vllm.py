@@ -9,9 +9,7 @@ dict of prefix -> cached copies).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,41 +21,7 @@ from hypothesis import strategies as st
 from kvstate.cli import main
 from kvstate.simulate import SimulationSettings, simulate
 from kvstate.traces import TraceRequest
-
-BLOCK = 4
-
-
-def chain_requests(
-    prompts: list[tuple[list[int], int]], outputs: int = 0, block: int = BLOCK
-) -> list[TraceRequest]:
-    """Each prompt is (trie path of child indices, tokens of the last block).
-
-    A block's key is its trie position, so equal keys mean equal prefixes; a
-    partial last block gets a key of its own (as in Mooncake).
-    """
-    out = []
-    for index, (path, tail) in enumerate(prompts):
-        keys, node = [], 0
-        for step in path:
-            node = node * 3 + step + 1
-            keys.append(node)
-        counts = [block] * (len(keys) - 1) + [tail]
-        if tail < block:
-            keys[-1] = 1_000_000 + keys[-1] * block + tail
-        out.append(
-            TraceRequest(
-                request_id=f"r{index}",
-                sequence=index,
-                arrival_s=float(index),
-                prompt_length=sum(counts),
-                output_length=outputs,
-                source="fixture",
-                block_size=block,
-                block_keys=tuple(keys),
-                block_token_counts=tuple(counts),
-            )
-        )
-    return out
+from tests.trace_fixtures import BLOCK, chain_requests, reference_simulator
 
 
 class FreeQueueModel:
@@ -119,14 +83,7 @@ class FreeQueueModel:
         self.queue[:0] = to_head
 
 
-def reference() -> Any:
-    path = Path(__file__).resolve().parents[1] / "tools" / "trace_hit_rates.py"
-    spec = importlib.util.spec_from_file_location("trace_hit_rates", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+
 
 
 def run_vllm(requests: list[TraceRequest], capacity: int, warmup: float = 0.0, decode: bool = False):  # type: ignore[no-untyped-def]
@@ -236,7 +193,7 @@ def test_driver_matches_the_reference_tools_free_queue(
 ) -> None:
     """tools/trace_hit_rates.vllm_free_queue (no kvstate import) is a third implementation."""
     requests = chain_requests(case)
-    sim = reference()
+    sim = reference_simulator()
     trace = sim.BlockTrace()
     for request in requests:
         trace.add(list(request.block_keys), list(request.block_token_counts))

@@ -7,7 +7,6 @@ import json
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -24,6 +23,7 @@ from kvstate.traces import (
 )
 from kvstate.traces.mooncake import parse_mooncake_line
 from kvstate.traces.tokens import prompt_tokens
+from tests.trace_fixtures import reference_simulator
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
@@ -422,20 +422,6 @@ def test_trace_request_rejects_inconsistent_lengths() -> None:
 
 
 # --- the independent reference simulator in tools/ ------------------------------------------
-
-
-def reference_simulator() -> Any:
-    """Load tools/trace_hit_rates.py by path, as `python tools/trace_hit_rates.py` runs it."""
-    import importlib.util
-    import sys
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "trace_hit_rates.py"
-    spec = importlib.util.spec_from_file_location("trace_hit_rates", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_reference_simulator_hand_computed_policies() -> None:
