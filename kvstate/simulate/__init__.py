@@ -9,7 +9,8 @@ vLLM's free-queue LRU through the block-mode core instead of the radix
 planner (``kvstate.simulate.vllm_driver``, imported on first use).
 """
 
-from kvstate.simulate.driver import SimulationError, TraceSimulator, block_units, simulate
+from kvstate.simulate.driver import TraceSimulator, block_units, simulate
+from kvstate.simulate.point import SimulationError
 from kvstate.simulate.policies import BUILTIN_POLICIES, VLLM_POLICY, PolicyError, load_policy
 from kvstate.simulate.settings import SimulationResult, SimulationSettings
 

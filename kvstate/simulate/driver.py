@@ -42,10 +42,8 @@ from kvstate.planner.builder import Plan
 from kvstate.planner.requests import RequestCursor, plan_release
 from kvstate.planner.tree_ops import plan_match
 from kvstate.simulate.point import (
-    Counters,
     PointSimulator,
     ProgressCallback,
-    SimulationError,
     run_point,
 )
 from kvstate.simulate.policies import VLLM_POLICY, EvictionPolicy, load_policy
@@ -94,23 +92,11 @@ class TraceSimulator(PointSimulator):
         trace_name: str,
         page_bound: int | None = None,
     ) -> None:
-        """``page_bound``: most pages the trace can ever occupy (``pages_needed``); a larger
-        capacity behaves identically, so the pool is built no larger than that."""
-        self.settings = settings
-        self.unit_tokens = unit_tokens
-        self.trace_name = trace_name
+        self._init_point(settings, unit_tokens, trace_name, page_bound)
         page_size = 1 if settings.granularity == "block" else settings.page_size
-        self.capacity_pages = settings.capacity_tokens // unit_tokens
-        if self.capacity_pages < 1:
-            raise SimulationError(
-                f"capacity {settings.capacity_tokens} tokens is less than one page of {unit_tokens}"
-            )
-        self.pool_pages = self.capacity_pages if page_bound is None else min(self.capacity_pages, page_bound)
-        self.pool_pages = max(self.pool_pages, 1)
         self.engine = Engine(Geometry(num_pages=self.pool_pages, page_size=page_size), keep_events=False)
         self.policy: EvictionPolicy = load_policy(settings.policy)
         self.page_size = page_size
-        self.counters = Counters()
 
     # -- engine helpers ------------------------------------------------------------------------
     def _commit(self, plan: Plan[Any]) -> Any:

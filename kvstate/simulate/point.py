@@ -44,8 +44,29 @@ class PointSimulator:
     trace_name: str
     unit_tokens: int
     capacity_pages: int
+    pool_pages: int
     counters: Counters
     engine: Any
+
+    def _init_point(self, settings: SimulationSettings, unit_tokens: int, trace_name: str,
+                    page_bound: int | None) -> None:
+        """Settings, capacity in pages, and the pool actually built (at most ``page_bound``).
+
+        ``page_bound`` is the most pages the trace can ever occupy
+        (``driver.pages_needed``): a larger capacity behaves identically, so
+        the pool is built no larger than that.
+        """
+        self.settings = settings
+        self.unit_tokens = unit_tokens
+        self.trace_name = trace_name
+        self.capacity_pages = settings.capacity_tokens // unit_tokens
+        if self.capacity_pages < 1:
+            raise SimulationError(
+                f"capacity {settings.capacity_tokens} tokens is less than one page of {unit_tokens}"
+            )
+        pool = self.capacity_pages if page_bound is None else min(self.capacity_pages, page_bound)
+        self.pool_pages = max(pool, 1)
+        self.counters = Counters()
 
     def step(self, index: int, request: TraceRequest, measured: bool) -> None:
         raise NotImplementedError

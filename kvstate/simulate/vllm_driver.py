@@ -50,7 +50,6 @@ from kvstate.events import Event
 from kvstate.events_block import BlockUncache
 from kvstate.simulate.driver import block_units
 from kvstate.simulate.point import (
-    Counters,
     PointSimulator,
     SimulationError,
 )
@@ -149,16 +148,7 @@ class VllmTraceSimulator(PointSimulator):
     ) -> None:
         if settings.granularity != "block":
             raise SimulationError("--policy vllm needs block granularity (a trace with hash blocks)")
-        self.settings = settings
-        self.unit_tokens = unit_tokens
-        self.trace_name = trace_name
-        self.capacity_pages = settings.capacity_tokens // unit_tokens
-        if self.capacity_pages < 1:
-            raise SimulationError(
-                f"capacity {settings.capacity_tokens} tokens is less than one page of {unit_tokens}"
-            )
-        pool = self.capacity_pages if page_bound is None else min(self.capacity_pages, page_bound)
-        self.pool_pages = max(pool, 1)
+        self._init_point(settings, unit_tokens, trace_name, page_bound)
         self.manager = KVCacheManager(
             self.pool_pages + 1,  # + vLLM's null block 0
             1,
@@ -166,7 +156,6 @@ class VllmTraceSimulator(PointSimulator):
             keep_events=False,
         )
         self.engine = self.manager.engine
-        self.counters = Counters()
         self._warming = True
         self.engine.subscribe(self._count_evictions)
 
