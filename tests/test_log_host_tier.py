@@ -133,12 +133,18 @@ def test_replay_cli_executor_report(tmp_path, capsys):
     events, _ = tiered_run(WRITE_BACK)
     path = tmp_path / "tiered.kvlog"
     write_log(path, GEOMETRY, events, host_pages=HOST_PAGES)
-    assert main(["replay", str(path), "--executor", "cpu", "--json"]) == 0
+    # --check-every 0: integrity is verified once, at the end (8 device + 8 host tokens, 2 layers)
+    assert main(["replay", str(path), "--executor", "cpu", "--json", "--check-every", "0"]) == 0
     report = json.loads(capsys.readouterr().out)["executor"]
     assert report["ok"] is True and report["tokens_checked"] == 32
     assert report["events_applied"] == len(events)
-    assert main(["replay", str(path), "--executor", "cpu"]) == 0
-    assert "integrity ok: 32 token reads matched their tags" in capsys.readouterr().out
+    assert main(["replay", str(path), "--executor", "cpu", "--check-every", "0"]) == 0
+    assert "integrity ok in 1 checks: 32 token reads matched their tags" in capsys.readouterr().out
+    # by default it is verified after every event as well
+    assert main(["replay", str(path), "--executor", "cpu", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["executor"]
+    assert report["ok"] is True and report["tokens_checked"] > 32
+    assert f"in {len(events) + 1} checks" in report["message"]
 
 
 def test_executor_replay_catches_a_load_that_moved_no_bytes(tmp_path, monkeypatch, capsys):

@@ -99,7 +99,12 @@ def replay_hook(source: Any, device: str = "cpu", *, events: Iterable[Event] | N
                 return ReplayResult(False, f"after event #{applied - 1}: {report}", applied, checked)
     report = monitor.verify()
     checked += report.tokens_checked
-    message = (f"{applied} events replayed on {executor.device}; {report}")
+    checks = 1 + (applied // check_every if check_every else 0)
+    if report.ok:
+        message = (f"{applied} events replayed on {executor.device}; integrity ok in {checks} "
+                   f"checks: {checked} token reads matched their tags")
+    else:
+        message = f"{applied} events replayed on {executor.device}; {report}"
     return ReplayResult(report.ok, message, applied, checked)
 
 
