@@ -383,3 +383,15 @@ def test_explorer_catches_wrong_prefix_hit(monkeypatch):
     report = explore(PlannerLevel(scope, check_model=False), probes=())
     assert report.violation is not None
     assert report.violation.names == ("prefix_hits_match_tokens",)
+
+
+@pytest.mark.parametrize("broken", sorted(EVENT_CANARIES), indirect=True)
+def test_parallel_explorer_catches(broken):
+    """The multi-process BFS catches every canary too, with a confirmed counterexample."""
+    from kvstate.checking.parallel import explore_parallel
+
+    target, _, _, scope = EVENT_CANARIES[broken]
+    report = explore_parallel(EventLevel(scope, check_model=False), workers=2, probes=())
+    assert report.violation is not None, f"{broken} went unnoticed"
+    assert report.violation.names == (target,)
+    assert len(report.violation.events()) <= scope.max_depth

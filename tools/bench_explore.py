@@ -17,12 +17,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_explore")
     parser.add_argument("--scopes", default="tiny,paged,tree,core6,planner")
     parser.add_argument("--depth", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=1, help="BFS processes (kvstate check --workers)")
     args = parser.parse_args(argv)
+    print(f"workers: {args.workers}; CPU s includes the worker processes")
     print("| scope | model | states | edges | wall s | CPU s | states/s (wall) | states/CPU-s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.scopes.split(","):
         for model in (True, False):
-            report = run_check(name, max_depth=args.depth, check_model=model, log_dir=None)
+            report = run_check(name, max_depth=args.depth, check_model=model, log_dir=None,
+                               workers=args.workers)
             status = "" if report.ok else " (FAILED)"
             rate = report.unique_states / report.cpu_seconds if report.cpu_seconds else 0.0
             print(f"| {name}{status} | {'on' if model else 'off'} | {report.unique_states} | "

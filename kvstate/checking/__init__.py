@@ -41,14 +41,23 @@ def make_level(scope: Scope, policy: Any = None, *, check_model: bool = True,
 def run_check(scope: Scope | str, *, policy: Any = None, max_depth: int | None = None,
               state_limit: int | None = None, walks: int = 0, walk_depth: int = 50,
               seed: int = 0, check_model: bool = True, symmetry: bool | None = None,
-              log_dir: str | pathlib.Path | None = "replay/failures") -> Report:
-    """Explore ``scope`` (BFS, or ``walks`` random walks); write a log on a violation."""
+              log_dir: str | pathlib.Path | None = "replay/failures", workers: int = 1) -> Report:
+    """Explore ``scope`` (BFS, or ``walks`` random walks); write a log on a violation.
+
+    ``workers`` > 1 runs the BFS on that many processes (``checking.parallel``):
+    the same unique states, edges and depth for a complete run.
+    """
     resolved = SCOPES[scope] if isinstance(scope, str) else scope
     level = make_level(resolved, policy, check_model=check_model, symmetry=symmetry)
     # The SOMETIMES probes describe radix-tree behaviour; the vLLM level has its own edge checks.
     probes: tuple[str, ...] | None = () if resolved.level == "vllm" else None
     if walks:
         report = random_walks(level, walks=walks, depth=walk_depth, seed=seed, probes=probes)
+    elif workers > 1:
+        from kvstate.checking.parallel import explore_parallel
+
+        report = explore_parallel(level, workers=workers, max_depth=max_depth,
+                                  state_limit=state_limit, probes=probes)
     else:
         report = explore(level, max_depth=max_depth, state_limit=state_limit, probes=probes)
     if report.violation is not None and log_dir is not None:

@@ -59,6 +59,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-model", action="store_true",
                         help="skip the spec-model agreement check (faster)")
     parser.add_argument("--no-symmetry", action="store_true", help="fingerprint states as they are")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="breadth-first search on N processes (same states, edges and depth; "
+                             "default 1)")
     parser.add_argument("--log-dir", default="replay/failures",
                         help="where counterexample logs go (default replay/failures)")
     parser.set_defaults(func=run)
@@ -81,12 +84,16 @@ def run(args: argparse.Namespace) -> int:
     if args.scope not in SCOPES:
         print(f"kvstate check: unknown scope {args.scope!r}; try --list-scopes", file=sys.stderr)
         return 2
+    if args.workers < 1:
+        print("kvstate check: --workers must be >= 1", file=sys.stderr)
+        return 2
     policy = load_policy(args.policy) if args.policy else None
     report = run_check(args.scope, policy=policy, max_depth=args.depth,
                        state_limit=args.max_states, walks=args.walks,
                        walk_depth=args.walk_depth, seed=args.seed,
                        check_model=not args.no_model,
-                       symmetry=False if args.no_symmetry else None, log_dir=args.log_dir)
+                       symmetry=False if args.no_symmetry else None, log_dir=args.log_dir,
+                       workers=args.workers)
     if args.json:
         print(json.dumps(report.as_json()))
     else:
