@@ -15,13 +15,14 @@ cross the pipes::
     than its share exports the surplus
     (pickled worlds) to the others
 
-A state's depth is the level at which it is first seen, in any order of
-expansion, so a complete run finds exactly the unique states, edges and
-depth of the sequential explorer (the pinned counts hold); which of two
-equal-length paths a counterexample takes may differ.  The parent owns the
-fingerprint table and the report; a worker owns only its worlds.  With a
-state limit the last level is cut in discovery order, which can differ
-from the sequential cut.
+A level goes out in rounds of ``round_size`` states per worker.  A state's
+depth is the level at which it is first seen, in any order of expansion, so
+a complete run finds exactly the unique states, edges and depth of the
+sequential explorer (the pinned counts hold); which of two equal-length
+paths a counterexample takes may differ.  With a state limit the search
+stops at the end of the round that reaches it, so it may expand up to a
+round more than the sequential explorer.  The parent owns the fingerprint
+table and the report; a worker owns only its worlds.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def _serve(level: Level, conn: Connection, names: list[str]) -> None:
     from specs.invariants import SOMETIMES
 
     init = level.initial()
+    # worlds: this level's states held here; children: the next level's, as they are made
     worlds: dict[bytes, tuple[Any, tuple[Any, ...]]] = {level.view(init): (init, ())}
+    children: dict[bytes, tuple[Any, tuple[Any, ...]]] = {}
     while True:
         message = conn.recv()
         if message is None:
@@ -63,13 +66,16 @@ def _serve(level: Level, conn: Connection, names: list[str]) -> None:
             conn.send([(fp, pickle.dumps(worlds.pop(fp), protocol=pickle.HIGHEST_PROTOCOL))
                        for fp in message[1]])
             continue
+        if message[0] == "advance":
+            worlds, children = children, {}
+            conn.send(len(worlds))
+            continue
         _, assigned, incoming, expand, pending_names = message
         for fp, blob in incoming:
             worlds[fp] = pickle.loads(blob)
         pending = {name: SOMETIMES[name] for name in pending_names if name in names}
         hits: dict[str, int] = {}
         edges: list[Edge] = []
-        children: dict[bytes, tuple[Any, tuple[Any, ...]]] = {}
         failure: tuple[Any, ...] | None = None
         count = 0
         for fp in assigned:
@@ -92,8 +98,21 @@ def _serve(level: Level, conn: Connection, names: list[str]) -> None:
                 children.setdefault(child_fp, (step.world, step.events))
             if failure is not None:
                 break
-        worlds = children
         conn.send((failure, count, hits, edges))
+
+
+def _admit(answers: list[Any], parent: dict[bytes, Any], made: list[list[bytes]],
+           state_limit: int | None) -> bool:
+    """Register first-seen children (worker order, then edge order); True at the state limit."""
+    for owner, (_, _, _, edges) in enumerate(answers):
+        for up, index, child in edges:
+            if child in parent:
+                continue
+            parent[child] = (up, index)
+            made[owner].append(child)
+            if state_limit is not None and len(parent) >= state_limit:
+                return True
+    return False
 
 
 def _balance(made: list[list[bytes]]) -> tuple[list[list[bytes]], list[list[tuple[int, bytes]]]]:
@@ -116,7 +135,8 @@ def _balance(made: list[list[bytes]]) -> tuple[list[list[bytes]], list[list[tupl
 
 
 def explore_parallel(level: Level, *, workers: int = 2, max_depth: int | None = None,
-                     state_limit: int | None = None, probes: Iterable[str] | None = None) -> Report:
+                     state_limit: int | None = None, probes: Iterable[str] | None = None,
+                     round_size: int = 512) -> Report:
     """Exhaustive BFS like :func:`kvstate.checking.explorer.explore`, on ``workers`` processes."""
     from specs.invariants import SOMETIMES
 
@@ -154,39 +174,36 @@ def explore_parallel(level: Level, *, workers: int = 2, max_depth: int | None = 
     frontier: list[list[bytes]] = [[init_fp]] + [[] for _ in range(workers - 1)]
     incoming: list[list[tuple[bytes, bytes]]] = [[] for _ in range(workers)]
     depth = 0
+    cut = False
     cpu_children = 0.0  # the workers' CPU time, added once they have exited
     try:
-        while any(frontier):
+        while any(frontier) and not cut:
             report.max_depth = depth
             expand = depth < depth_bound
-            for pipe, assigned, adopted in zip(pipes, frontier, incoming, strict=True):
-                pipe.send(("level", assigned, adopted, expand, pending))
-            answers = [_receive(pipe) for pipe in pipes]
             made: list[list[bytes]] = [[] for _ in range(workers)]
-            for failure, count, found_hits, _edges in answers:
-                report.edges += count
-                if failure is not None:
-                    return _fail(level, report, parent, path_to, failure, started, cpu_started)
-                for name in found_hits:
-                    if name in pending:
-                        hits[name] = 1
-            pending = [name for name in pending if name not in hits]
-            cut = False
-            for owner, (_, _, _, edges) in enumerate(answers):
-                for up, index, child in edges:
-                    if child in parent:
-                        continue
-                    parent[child] = (up, index)
-                    made[owner].append(child)
-                    if state_limit is not None and len(parent) >= state_limit:
-                        cut = True
-                        break
+            # A level goes out in rounds, so a state limit stops the search within a round.
+            for start in range(0, max(len(fps) for fps in frontier), round_size):
+                for pipe, fps, adopted in zip(pipes, frontier, incoming, strict=True):
+                    pipe.send(("expand", fps[start:start + round_size], adopted if start == 0 else [],
+                               expand, pending))
+                answers = [_receive(pipe) for pipe in pipes]
+                for failure, count, found_hits, _edges in answers:
+                    report.edges += count
+                    if failure is not None:
+                        return _fail(level, report, parent, path_to, failure, started, cpu_started)
+                    hits.update((name, 1) for name in found_hits if name in pending)
+                pending = [name for name in pending if name not in hits]
+                cut = _admit(answers, parent, made, state_limit)
                 if cut:
                     break
+            for pipe in pipes:
+                pipe.send(("advance",))
+            for pipe in pipes:
+                _receive(pipe)
             if cut:
                 # ALWAYS still runs on the states admitted before the cut, as sequentially.
-                for pipe, assigned in zip(pipes, made, strict=True):
-                    pipe.send(("level", assigned, [], False, []))
+                for pipe, fps in zip(pipes, made, strict=True):
+                    pipe.send(("expand", fps, [], False, []))
                 for failure, *_ in (_receive(pipe) for pipe in pipes):
                     if failure is not None:
                         return _fail(level, report, parent, path_to, failure, started, cpu_started)
