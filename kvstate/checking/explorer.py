@@ -111,6 +111,21 @@ def _rebuild(level: Level, indices: list[int]) -> tuple[Step, ...]:
     return tuple(path)
 
 
+def fail_report(level: Level, report: Report, indices: list[int], found: list[tuple[str, str]],
+                unique_states: int, started: float, cpu_started: float) -> Report:
+    """Finish ``report`` with the violation reached by step ``indices`` from the initial world.
+
+    The path is rebuilt by re-running those steps, which confirms the counterexample.
+    """
+    path = _rebuild(level, indices)
+    report.violation = Violation(tuple(dict.fromkeys(n for n, _ in found)),
+                                 tuple(m for _, m in found), path)
+    report.seconds = time.perf_counter() - started
+    report.cpu_seconds = time.process_time() - cpu_started
+    report.unique_states = unique_states
+    return report
+
+
 def explore(level: Level, *, max_depth: int | None = None, state_limit: int | None = None,
             probes: Iterable[str] | None = None) -> Report:
     """Exhaustive BFS up to ``max_depth`` (the scope's by default)."""
@@ -139,13 +154,7 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
             fp = up
 
     def fail(indices: list[int], found: list[tuple[str, str]]) -> Report:
-        path = _rebuild(level, indices)
-        report.violation = Violation(tuple(dict.fromkeys(n for n, _ in found)),
-                                     tuple(m for _, m in found), path)
-        report.seconds = time.perf_counter() - started
-        report.cpu_seconds = time.process_time() - cpu_started
-        report.unique_states = len(parent)
-        return report
+        return fail_report(level, report, indices, found, len(parent), started, cpu_started)
 
     found = _always(level, init)
     if found:

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from kvstate.checking.explorer import Report, Violation, _always, _probes, _rebuild
+from kvstate.checking.explorer import Report, _always, _probes, fail_report
 from kvstate.checking.levels import Level
 
 Edge = tuple[bytes, int, bytes]  # parent fp, step index, child fp
@@ -250,13 +250,7 @@ def _fail(level: Level, report: Report, parent: dict[bytes, Any], path_to: Any,
     else:
         _, fp, index, found = failure
         indices = path_to(fp) + [index]
-    path = _rebuild(level, indices)  # re-run from the initial world: confirms the counterexample
-    report.violation = Violation(tuple(dict.fromkeys(n for n, _ in found)),
-                                 tuple(m for _, m in found), path)
-    report.seconds = time.perf_counter() - started
-    report.cpu_seconds = time.process_time() - cpu_started
-    report.unique_states = len(parent)
-    return report
+    return fail_report(level, report, indices, found, len(parent), started, cpu_started)
 
 
 def _children_cpu() -> float:
