@@ -65,22 +65,16 @@ def _table_tokens(request: RequestId, first_position: int, pages: Iterable[int],
 
 
 @plans(BlockAlloc)
-def _block_alloc(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, BlockAlloc)
-    if not _is_request(event.holder):
-        return EMPTY_PLAN
-    start = before.requests[event.holder].allocated
-    real, null = _table_tokens(event.holder, start, event.pages, before.geometry.page_size)
-    return IndexPlan(new_tokens=tuple(real), nulled_tokens=tuple(null))
-
-
 @plans(BlockHold)
-def _block_hold(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, BlockHold)
+def _block_take(before: State, after: State, event: Event) -> IndexPlan:
+    """Pages appended to a request's table: fresh ones it computes, or cached hits it links."""
+    assert isinstance(event, (BlockAlloc, BlockHold))
     if not _is_request(event.holder):
         return EMPTY_PLAN
     start = before.requests[event.holder].allocated
     real, null = _table_tokens(event.holder, start, event.pages, before.geometry.page_size)
+    if isinstance(event, BlockAlloc):
+        return IndexPlan(new_tokens=tuple(real), nulled_tokens=tuple(null))
     return IndexPlan(linked_tokens=tuple(real), nulled_tokens=tuple(null))
 
 

@@ -1,114 +1,20 @@
 """Alternative cache models the ``fig9`` command compares with FAST'25 Fig. 9.
 
-``leaf_lru_general`` (leaf LRU with cost, output reservation, measured prefix
-and reject-larger knobs), ``vllm_free_queue`` (vLLM V1's block pool) and
+``leaf_lru_general`` (``policies.leaf_lru`` with its cost, output
+reservation, measured prefix and reject-larger knobs), ``vllm_free_queue`` (vLLM V1's block pool) and
 ``flat_lru`` (LRU over blocks with no trie).  Each reads the trace without
 mutating it, owns its cache state locally and returns a fresh ``Outcome``.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
-from collections.abc import Sequence
 
+from .policies import leaf_lru
 from .trie import MOONCAKE_BLOCK, BlockTrace, Outcome, _Tally
 
-
-def leaf_lru_general(
-    trace: BlockTrace,
-    capacity: int,
-    warmup: float = 0.0,
-    *,
-    cost: Sequence[int] | None = None,
-    reserve: Sequence[int] | None = None,
-    measured: Sequence[int] | None = None,
-    reject_larger: bool = False,
-) -> Outcome:
-    """``leaf_lru`` with four knobs (all off: identical to ``leaf_lru``).
-
-    ``cost[node]``: room a cached block takes (default 1; token-charged capacity
-    passes the block's tokens).  ``reserve[i]``: room request ``i``'s output
-    takes while it runs; leaves are evicted for it (the request's own path is
-    pinned) and the room is given back when it ends.  ``measured[i]``: only the
-    first ``measured[i]`` blocks of request ``i`` are measured (the rest are
-    private output blocks that take room but never hit).  ``reject_larger``:
-    a request with more blocks than ``capacity`` is looked up (and its hit
-    touched) but inserts nothing, as a serving engine that cannot hold the
-    whole prompt refuses it; plain ``leaf_lru`` inserts the prefix that fits.
-    """
-    size = len(trace.parent)
-    cached = bytearray(size)
-    cached[0] = 1
-    cached_children = [0] * size
-    stamp = [0] * size
-    pinned_by = [-1] * size
-    leaves: list[tuple[int, int]] = []
-    tick = used = evicted = 0
-    tally = _Tally(trace, warmup)
-
-    def use(node: int) -> None:
-        nonlocal tick
-        tick += 1
-        stamp[node] = tick
-        if cached_children[node] == 0:
-            heapq.heappush(leaves, (tick, node))
-
-    def evict_one(request: int) -> bool:
-        nonlocal used, evicted
-        held: list[tuple[int, int]] = []
-        victim = -1
-        while leaves:
-            when, node = heapq.heappop(leaves)
-            if not cached[node] or cached_children[node] or stamp[node] != when:
-                continue
-            if pinned_by[node] == request:
-                held.append((when, node))
-                continue
-            victim = node
-            break
-        for entry in held:
-            heapq.heappush(leaves, entry)
-        if victim < 0:
-            return False
-        cached[victim] = 0
-        used -= 1 if cost is None else cost[victim]
-        evicted += 1
-        up = trace.parent[victim]
-        cached_children[up] -= 1
-        if up and cached_children[up] == 0:
-            heapq.heappush(leaves, (stamp[up], up))
-        return True
-
-    for index, (path, counts) in enumerate(zip(trace.nodes, trace.tokens, strict=True)):
-        limit = len(path) if measured is None else measured[index]
-        matched = 0
-        while matched < len(path) and cached[path[matched]]:
-            matched += 1
-        tally.add(index, counts[:limit], min(matched, limit))
-        for node in path[:matched]:
-            use(node)
-            pinned_by[node] = index
-        if reject_larger and len(path) > capacity:
-            continue
-        for node in path[matched:]:
-            weight = 1 if cost is None else cost[node]
-            while used + weight > capacity and evict_one(index):
-                pass
-            up = trace.parent[node]
-            if used + weight > capacity or not cached[up]:
-                break
-            cached[node] = 1
-            used += weight
-            if up:
-                cached_children[up] += 1
-            use(node)
-        if reserve is not None and reserve[index]:
-            for node in path:
-                pinned_by[node] = index
-            while used + reserve[index] > capacity and evict_one(index):
-                pass
-    return tally.outcome("lru", capacity, warmup, evicted_blocks=evicted)
+# The general leaf LRU is ``policies.leaf_lru`` itself; its knobs are keyword-only.
+leaf_lru_general = leaf_lru
 
 
 def vllm_free_queue(

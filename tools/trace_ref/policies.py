@@ -8,6 +8,7 @@ docstring (``tools/trace_ref/__init__.py``).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 from .trie import BlockTrace, Outcome, _Tally
 
@@ -26,8 +27,32 @@ def infinite(trace: BlockTrace, warmup: float = 0.0) -> Outcome:
     return tally.outcome("infinite", None, warmup)
 
 
-def leaf_lru(trace: BlockTrace, capacity: int, warmup: float = 0.0, require_full: bool = False) -> Outcome:
-    """Leaf-only LRU over the block trie (see the module docstring for the exact rules)."""
+def leaf_lru(
+    trace: BlockTrace,
+    capacity: int,
+    warmup: float = 0.0,
+    require_full: bool = False,
+    *,
+    cost: Sequence[int] | None = None,
+    reserve: Sequence[int] | None = None,
+    measured: Sequence[int] | None = None,
+    reject_larger: bool = False,
+) -> Outcome:
+    """Leaf-only LRU over the block trie (see the module docstring for the exact rules).
+
+    Four knobs, all off by default, serve the ``fig9`` candidates:
+
+    ``cost[node]``: room a cached block takes (default 1; token-charged capacity
+    passes the block's tokens).  ``reserve[i]``: room request ``i``'s output
+    takes while it runs; leaves are evicted for it (the request's own path is
+    pinned) and the room is given back when it ends.  ``measured[i]``: only the
+    first ``measured[i]`` blocks of request ``i`` are measured (the rest are
+    private output blocks that take room but never hit).  ``reject_larger``:
+    a request with more blocks than ``capacity`` is looked up (and its hit
+    touched) but inserts nothing, as a serving engine that cannot hold the
+    whole prompt refuses it; by default the prefix that fits is inserted.  ``require_full``: stop and
+    flag the outcome underfilled if the cache never filled during the warmup.
+    """
     size = len(trace.parent)
     cached = bytearray(size)
     cached[0] = 1
@@ -64,7 +89,7 @@ def leaf_lru(trace: BlockTrace, capacity: int, warmup: float = 0.0, require_full
         if victim < 0:
             return False
         cached[victim] = 0
-        used -= 1
+        used -= 1 if cost is None else cost[victim]
         evicted += 1
         up = trace.parent[victim]
         cached_children[up] -= 1
@@ -75,28 +100,37 @@ def leaf_lru(trace: BlockTrace, capacity: int, warmup: float = 0.0, require_full
     for index, (path, counts) in enumerate(zip(trace.nodes, trace.tokens, strict=True)):
         if require_full and index == tally.first and not filled:
             return tally.outcome("lru", capacity, warmup, evicted_blocks=evicted, underfilled=True)
+        limit = len(path) if measured is None else measured[index]
         matched = 0
         while matched < len(path) and cached[path[matched]]:
             matched += 1
-        tally.add(index, counts, matched)
+        tally.add(index, counts[:limit], min(matched, limit))
         for node in path[:matched]:
             use(node)
             pinned_by[node] = index
+        if reject_larger and len(path) > capacity:
+            continue
         for node in path[matched:]:
-            if used >= capacity and not evict_one(index):
-                break
+            weight = 1 if cost is None else cost[node]
+            while used + weight > capacity and evict_one(index):
+                pass
             up = trace.parent[node]
-            if used >= capacity or not cached[up]:
+            if used + weight > capacity or not cached[up]:
                 break
             cached[node] = 1
-            used += 1
+            used += weight
             if up:
                 cached_children[up] += 1
             use(node)
-            if used >= capacity and index < tally.first:
+            if index < tally.first and used >= capacity:
                 filled = True
         if index < tally.first and used >= capacity:
             filled = True
+        if reserve is not None and reserve[index]:
+            for node in path:
+                pinned_by[node] = index
+            while used + reserve[index] > capacity and evict_one(index):
+                pass
     underfilled = require_full and not filled
     return tally.outcome("lru", capacity, warmup, evicted_blocks=evicted, underfilled=underfilled)
 
