@@ -14,7 +14,7 @@ FORBIDDEN = {"torch", "time", "random", "os", "datetime", "numpy", "secrets", "u
 PURE_ROOTS = [
     "kvstate.state", "kvstate.freequeue", "kvstate.encoding", "kvstate.events",
     "kvstate.reducer", "kvstate.invariants", "kvstate.planner", "kvstate.engine",
-    "kvstate.config", "kvstate.errors",
+    "kvstate.config", "kvstate.errors", "kvstate.transient",
     "kvstate.kv_manager.basic", "kvstate.kv_manager.paged", "kvstate.kv_manager.sharing",
     "kvstate.kv_manager.prefix", "kvstate.kv_manager.stats", "kvstate.kv_manager.names",
     "kvstate.kv_manager.checks", "kvstate.kv_manager.errors",

@@ -37,6 +37,7 @@ from kvstate.log import LogReader, LogWriter, Recorder, make_header, replay
 from kvstate.log.synthetic import SyntheticRun, WorkloadSpec, run_synthetic
 from kvstate.reducer import apply
 from kvstate.state import Geometry, initial_state
+from kvstate.transient import TransientApplier
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,9 +70,10 @@ def decode_only(path: Path) -> int:
     return count
 
 
-def replay_with(path: Path, check_every: int, until: int | None = None) -> int:
+def replay_with(path: Path, check_every: int, until: int | None = None,
+                fast: bool | None = False) -> int:
     with LogReader(path) as reader:
-        result = replay(reader, check_every=check_every, until=until)
+        result = replay(reader, check_every=check_every, until=until, fast=fast)
     if result.failure is not None:
         raise RuntimeError(result.failure.describe())
     return result.summary.events
@@ -81,6 +83,14 @@ def apply_only(geometry: Geometry, events: list[Event]) -> int:
     state = initial_state(geometry)
     for evt in events:
         state = apply(state, evt)
+    return len(events)
+
+
+def transient_only(geometry: Geometry, events: list[Event]) -> int:
+    applier = TransientApplier(initial_state(geometry))
+    for evt in events:
+        applier.apply(evt)
+    applier.state()  # one freeze at the end, as a replay does
     return len(events)
 
 
@@ -212,10 +222,17 @@ def throughput(args: argparse.Namespace, spec: WorkloadSpec, work: Path,
 
     note = f"{count} events, {size / count:.1f} bytes/event"
     rate("decode only (read, CRC, msgpack, build events)", lambda: decode_only(log), note)
-    rate("reducer only (events in memory, no decode)", lambda: apply_only(spec.geometry, events))
-    rate("replay, no invariant checks (decode + reduce + summary + checkpoints)",
+    rate("pure reducer only (events in memory, no decode)",
+         lambda: apply_only(spec.geometry, events))
+    rate("transient reducer only (events in memory, no decode, one freeze)",
+         lambda: transient_only(spec.geometry, events))
+    rate("replay, no invariant checks, pure reducer (decode + reduce + summary + checkpoints)",
          lambda: replay_with(log, 0))
-    rate("replay, invariants every 1000 events", lambda: replay_with(log, 1000))
+    rate("replay, no invariant checks, transient reducer (the default for --check-every 0)",
+         lambda: replay_with(log, 0, fast=True))
+    rate("replay, invariants every 1000 events, pure reducer", lambda: replay_with(log, 1000))
+    rate("replay, invariants every 1000 events, transient reducer (the default)",
+         lambda: replay_with(log, 1000, fast=True))
     prefix = min(count, 5000)
     rate("replay, invariants every event", lambda: replay_with(log, 1, prefix),
          f"first {prefix} events")

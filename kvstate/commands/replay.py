@@ -44,6 +44,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--salvage", action="store_true",
                         help="replay the valid prefix of a damaged log and report where it stopped")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--reducer", choices=("auto", "pure", "transient"), default="auto",
+                        help="auto (default): the transient fast path (mutable containers, "
+                             "frozen at checkpoints and checks, same results) when checks are "
+                             "thinned to every 64 events or more, else the pure reducer")
     parser.add_argument("--executor", choices=("cpu", "cuda"), default=None,
                         help="also rebuild real KV buffers on this device and verify them "
                              "(needs kvstate.executor)")
@@ -141,8 +145,13 @@ def run(args: argparse.Namespace) -> int:
         except LogFormatError as exc:
             failure = ReplayFailure("format", exc.reason, None, None, None, exc.offset)
             return _report_format_only(args, name, failure)
-        result = replay(reader, check_every=args.check_every, until=args.until,
-                        on_progress=progress if progress.enabled else None)
+        fast = {"auto": None, "pure": False, "transient": True}[args.reducer]
+        try:
+            result = replay(reader, check_every=args.check_every, until=args.until,
+                            on_progress=progress if progress.enabled else None, fast=fast)
+        except ValueError as exc:  # --reducer transient on a log it cannot take
+            print(f"kvstate replay: {exc}", file=sys.stderr)
+            return 2
     progress.clear()
     executor_report = None
     if args.executor is not None and result.ok:
@@ -213,6 +222,7 @@ def _report(args: argparse.Namespace, name: str, result: ReplayResult,
                                "final_fingerprint": summary.final_fingerprint, "ok": failure is None}
         out["summary"] = summary.to_json()
         out["stopped_early"] = result.stopped_early
+        out["reducer"] = result.reducer
         if result.salvaged is not None:
             out["salvage"] = {"byte_offset": result.salvaged.offset, "reason": result.salvaged.reason,
                               "events": summary.events}
@@ -276,5 +286,6 @@ def _summary_text(name: str, result: ReplayResult) -> str:
         f"  checks          {s.invariant_checks} invariant runs, "
         f"{s.checkpoints_verified} checkpoints verified",
         f"  fingerprint     {s.final_fingerprint}",
-        f"  speed           {s.events_per_second:,.0f} events/s ({s.seconds:.3f} s)",
+        f"  speed           {s.events_per_second:,.0f} events/s ({s.seconds:.3f} s, "
+        f"{result.reducer} reducer)",
     ])

@@ -30,6 +30,7 @@ from kvstate.invariants import Violation, check
 from kvstate.log.format import Checkpoint, EndRecord, LogFormatError, LogHeader
 from kvstate.log.initial import Applier, ReplayState, applier, core_of, start_state, with_host_checks
 from kvstate.log.reader import LogReader
+from kvstate.log.replay_fast import FAST_MIN_INTERVAL, run_transient
 from kvstate.state import State
 from kvstate.state_host import TieredState
 
@@ -122,6 +123,7 @@ class ReplayResult:
     failure: ReplayFailure | None = None
     stopped_early: bool = False  # --until reached before the end record
     salvaged: LogFormatError | None = None  # salvage mode: where reading stopped
+    reducer: str = "pure"  # "transient" when the fast path replayed it
 
     @property
     def ok(self) -> bool:
@@ -178,8 +180,15 @@ class _Stats:
 def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
            checker: Checker = check, verify: bool = True, on_event: EventHook | None = None,
            on_progress: Callable[[int, int], None] | None = None,
-           progress_every: int = 4096) -> ReplayResult:
-    """Replay ``reader``'s log; see the module docstring.  ``check_every=0`` never checks."""
+           progress_every: int = 4096, fast: bool | None = None) -> ReplayResult:
+    """Replay ``reader``'s log; see the module docstring.  ``check_every=0`` never checks.
+
+    ``fast`` picks the transient fast path (``kvstate.log.replay_fast``); the
+    default (``None``) takes it whenever it gives the same answers: a plain
+    radix-mode log, no ``on_event`` hook, and checks every
+    ``FAST_MIN_INTERVAL`` events or fewer.  ``fast=True`` where it cannot be
+    used is a ``ValueError``.
+    """
     header = reader.header
     state = start_state(header)
     summary = Summary()
@@ -190,9 +199,20 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
             "fingerprint", "the initial state's fingerprint differs from the header's (the state "
             "encoding changed since this log was written)", check="initial_state")
     else:
-        stats = _Stats(summary, header.geometry.num_pages)
-        state = _run(reader, result, stats, state, applier(header), check_every, until,
-                     with_host_checks(checker), verify, on_event, on_progress, progress_every)
+        usable = (isinstance(state, State) and state.geometry.mode == "radix"
+                  and on_event is None)
+        if fast and not usable:
+            raise ValueError("the fast replay path needs a plain radix-mode log and no on_event hook")
+        if fast is None:
+            fast = usable and (check_every == 0 or check_every >= FAST_MIN_INTERVAL)
+        if fast:
+            result.reducer = "transient"
+            state = run_transient(reader, result, state, check_every, until,  # type: ignore[arg-type]
+                                  checker, verify, on_progress, progress_every)
+        else:
+            stats = _Stats(summary, header.geometry.num_pages)
+            state = _run(reader, result, stats, state, applier(header), check_every, until,
+                         with_host_checks(checker), verify, on_event, on_progress, progress_every)
     result.state = state
     summary.seconds = time.perf_counter() - started
     summary.final_fingerprint = state.fingerprint().hex()
@@ -233,7 +253,7 @@ def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: ReplaySt
                     on_event(index - 1, item, core_of(state))
                 if check_every and index % check_every == 0:
                     last_checked = index
-                    if _violated(result, checker, state, index - 1, item, offset):
+                    if violated(result, checker, state, index - 1, item, offset):
                         summary.events = index
                         return state
                 if on_progress is not None and index % progress_every == 0:
@@ -255,11 +275,11 @@ def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: ReplaySt
         return state
     summary.events = index
     if check_every and last_checked != index and index:
-        _violated(result, checker, state, index - 1, last, None)
+        violated(result, checker, state, index - 1, last, None)
     return state
 
 
-def _violated(result: ReplayResult, checker: Callable[[ReplayState], list[Violation]],
+def violated(result: ReplayResult, checker: Callable[[ReplayState], list[Violation]],
               state: ReplayState, index: int,
               evt: Event | None, offset: int | None) -> bool:
     result.summary.invariant_checks += 1

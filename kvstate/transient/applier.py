@@ -1,0 +1,92 @@
+"""``TransientApplier``: the pure reducer's results, computed in place.
+
+Ownership: the applier owns its ``TransientState``; ``state()`` hands out a
+frozen copy (cached until the next event), so callers never see the mutable
+containers.  ``apply`` mutates the applier and returns nothing.
+
+Exactness: for every event, the transient rule either leaves the state
+untouched and declines, or does what the pure reducer does.  A declined
+event (an invalid one, or a kind with no transient rule such as ``Reset`` or
+the block-pool events) goes through ``kvstate.reducer.apply`` on a frozen
+copy, so the error an invalid event raises is the reducer's own
+``InvalidEvent``, word for word, and the state stays unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvstate import events as ev
+from kvstate.reducer import apply as pure_apply
+from kvstate.state import State
+from kvstate.transient import pages, rows, tree
+from kvstate.transient.state import TransientState, freeze, thaw
+
+Rule = Callable[[TransientState, Any], bool]
+
+RULES: dict[type[ev.Event], Rule] = {
+    ev.ReqAlloc: rows.req_alloc,
+    ev.ReqFree: rows.req_free,
+    ev.Allocate: pages.allocate,
+    ev.Append: pages.append,
+    ev.Assign: pages.assign,
+    ev.Truncate: pages.truncate,
+    ev.Free: pages.free,
+    ev.Share: pages.share,
+    ev.Copy: pages.copy,
+    ev.Insert: tree.insert,
+    ev.Split: tree.split,
+    ev.Touch: tree.touch,
+    ev.Lock: tree.lock,
+    ev.Unlock: tree.unlock,
+    ev.Evict: tree.evict,
+}
+
+
+class TransientApplier:
+    """Fold events into a mutable state; freeze on demand.
+
+    Only radix-mode states are thawed: block-mode rules are not mirrored, so
+    a block-mode state would send every event through the slow fallback.
+    """
+
+    def __init__(self, state: State) -> None:
+        if state.geometry.mode != "radix":
+            raise ValueError(f"the transient applier mirrors radix mode only, not {state.geometry.mode!r}")
+        self._ts = thaw(state)
+        self._frozen = state  # valid while its seq equals the transient's
+        self.fallbacks = 0  # events the pure reducer applied (declined by a transient rule)
+
+    @property
+    def transient(self) -> TransientState:
+        """The live mutable state: read it, never write it (the rules own it).
+
+        A fallback replaces it with a fresh one, so re-read it after ``apply``.
+        """
+        return self._ts
+
+    @property
+    def seq(self) -> int:
+        return self._ts.seq
+
+    def apply(self, event: ev.Event) -> None:
+        """Apply one event; raises ``InvalidEvent`` (state unchanged) like ``reducer.apply``."""
+        rule = RULES.get(type(event))
+        if rule is not None and rule(self._ts, event):
+            self._ts.seq += 1
+            return
+        self.apply_declined(event)
+
+    def apply_declined(self, event: ev.Event) -> None:
+        """Apply through the pure reducer (for an event no transient rule took)."""
+        self.fallbacks += 1
+        after = pure_apply(self.state(), event)  # raises for an invalid event; nothing changed
+        self._ts = thaw(after)
+        self._frozen = after
+
+    def state(self) -> State:
+        """The current state, frozen (cached until the next ``apply``)."""
+        if self._frozen.seq != self._ts.seq:
+            self._frozen = freeze(self._ts)
+        return self._frozen

@@ -1,0 +1,249 @@
+"""The transient fast path computes exactly what the pure reducer computes.
+
+Three sources of events, each compared event by event against
+``kvstate.reducer.apply``:
+
+* every candidate event (legal and illegal) in every state of small
+  event-level scopes, explored breadth first;
+* whole synthetic SGLang workloads (large states: hundreds of pages and
+  nodes), plus a mutated copy of each event, which is usually illegal;
+* every radix log in ``replay/``, replayed through both loops, which must
+  report the same summary, failure and final fingerprint.
+
+"Same" means: the same acceptance, and on acceptance a frozen state with the
+same fingerprint and the same derived ``leaves`` and ``tree_refs`` indices;
+on rejection the transient state is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import attrs
+import pytest
+
+from kvstate import events as ev
+from kvstate.checking.enabled import candidate_events
+from kvstate.checking.levels import geometry_of
+from kvstate.checking.scopes import SCOPES
+from kvstate.errors import InvalidEvent
+from kvstate.log import LogReader, replay
+from kvstate.log.synthetic import WorkloadSpec, run_synthetic
+from kvstate.reducer import apply
+from kvstate.state import State, initial_state
+from kvstate.transient import RULES, TransientApplier, freeze, thaw
+
+REPLAY = Path(__file__).resolve().parent.parent / "replay"
+
+
+def same_state(got: State, want: State) -> None:
+    assert got.fingerprint() == want.fingerprint(), "transient state differs: fingerprint"
+    assert dict(got.leaves.items()) == dict(want.leaves.items()), "transient state differs: leaves"
+    assert dict(got.tree_refs.items()) == dict(want.tree_refs.items()), \
+        "transient state differs: tree_refs"
+
+
+def declined_on_purpose(event: ev.Event) -> bool:
+    """Valid events the transient rules leave to the reducer (documented in the applier)."""
+    if type(event) not in RULES:
+        return True
+    if isinstance(event, ev.Allocate):
+        request_ids = [request_id for request_id, _ in event.items]
+        return len(set(request_ids)) != len(request_ids)
+    return False
+
+
+def compare(state: State, event: ev.Event) -> State | None:
+    """Apply ``event`` both ways; return the pure result (None when it is rejected)."""
+    try:
+        want: State | None = apply(state, event)
+    except InvalidEvent:
+        want = None
+    rule = RULES.get(type(event))
+    if rule is None:
+        return want
+    ts = thaw(state)
+    taken = rule(ts, event)
+    if want is None:
+        assert not taken, f"transient accepted an event the reducer rejects: {event!r}"
+        same_state(freeze(ts), state)  # and it left the state as it was
+    elif taken:
+        same_state(freeze(ts), want)
+        for node in ts.nodes.values():  # the transient-only index stayed exact
+            assert node.below == sum(ts.nodes[c].lock_ref for c in node.children.values()), \
+                "transient state differs: below"
+    else:
+        assert declined_on_purpose(event), f"transient declined a valid event: {event!r}"
+        same_state(freeze(ts), state)
+    return want
+
+
+@pytest.mark.parametrize("scope_name,limit", [("tiny", 400), ("paged", 400), ("tree", 300),
+                                              ("core6", 300)])
+def test_every_candidate_event_in_small_scopes(scope_name: str, limit: int) -> None:
+    scope = SCOPES[scope_name]
+    start = initial_state(geometry_of(scope))
+    seen = {start.fingerprint()}
+    frontier = [start]
+    compared = accepted = 0
+    while frontier and len(seen) < limit:
+        next_frontier = []
+        for state in frontier:
+            for event in candidate_events(state, scope):
+                after = compare(state, event)
+                compared += 1
+                if after is None:
+                    continue
+                accepted += 1
+                if after.fingerprint() not in seen and len(seen) < limit:
+                    seen.add(after.fingerprint())
+                    next_frontier.append(after)
+        frontier = next_frontier
+    assert len(seen) == limit  # the bound was reached, so the states are not trivial
+    assert accepted > 0 and compared > accepted  # both legal and illegal events were compared
+
+
+def mutate(event: ev.Event, rng: random.Random) -> ev.Event:
+    """The same event with one integer field nudged (usually making it illegal)."""
+    fields = attrs.fields(type(event))  # type: ignore[arg-type]
+    candidates = []
+    for field in fields:
+        value = getattr(event, field.name)
+        if type(value) is int:
+            candidates.append((field.name, value + rng.choice((-1, 1, 2))))
+        elif type(value) is tuple and value and all(type(v) is int for v in value):
+            changed = list(value)
+            changed[rng.randrange(len(changed))] += rng.choice((-1, 1))
+            candidates.append((field.name, tuple(changed)))
+            candidates.append((field.name, value[:-1]))
+            candidates.append((field.name, (*value, value[-1])))
+    if not candidates:
+        return event
+    name, value = rng.choice(candidates)
+    return attrs.evolve(event, **{name: value})  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("page_size,seed", [(1, 3), (4, 5), (16, 8)])
+def test_synthetic_workloads_event_by_event(page_size: int, seed: int) -> None:
+    # 400 tokens hold about two long requests: evictions, splits and hits all happen
+    spec = WorkloadSpec(requests=60, seed=seed, page_size=page_size, capacity=400, max_running=6)
+    run = run_synthetic(spec)
+    events = run.engine.events
+    rng = random.Random(seed)
+    state = initial_state(run.engine.state.geometry)
+    applier = TransientApplier(state)
+    rejected = 0
+    for event in events:
+        if compare(state, mutate(event, rng)) is None:
+            rejected += 1
+        state = apply(state, event)
+        applier.apply(event)
+    same_state(applier.state(), state)
+    same_state(state, run.engine.state)
+    assert applier.fallbacks == 0
+    assert {"ev", "sp", "in", "as", "al"} <= {event.TAG for event in events}
+    assert rejected > len(events) // 4  # the mutations exercised the rejection paths
+
+
+def test_applier_raises_the_reducers_error_and_keeps_the_state() -> None:
+    state = initial_state(geometry_of(SCOPES["tiny"]))
+    applier = TransientApplier(state)
+    applier.apply(ev.Allocate((1,)))
+    applier.apply(ev.Free((1,)))
+    before = applier.state()
+    with pytest.raises(InvalidEvent) as caught:
+        applier.apply(ev.Free((1,)))
+    with pytest.raises(InvalidEvent) as pure:
+        apply(before, ev.Free((1,)))
+    assert str(caught.value) == str(pure.value)
+    assert "double free" in str(caught.value)
+    same_state(applier.state(), before)
+    assert applier.fallbacks == 1
+
+
+def test_reset_goes_through_the_reducer() -> None:
+    state = initial_state(geometry_of(SCOPES["tiny"]))
+    applier = TransientApplier(state)
+    events = [ev.ReqAlloc((1,)), ev.Allocate((2,), ((1, (2,)),)), ev.Reset("rows"),
+              ev.Free((2,)), ev.Reset("all")]
+    for event in events:
+        applier.apply(event)
+        state = apply(state, event)
+    same_state(applier.state(), state)
+    assert applier.fallbacks == 2 and applier.seq == len(events)
+
+
+def test_block_mode_is_refused() -> None:
+    block = initial_state(attrs.evolve(geometry_of(SCOPES["tiny"]), mode="block"))
+    with pytest.raises(ValueError, match="radix mode only"):
+        TransientApplier(block)
+
+
+def radix_logs() -> list[Path]:
+    logs = []
+    for path in sorted(REPLAY.rglob("*.kvlog")):
+        with open(path, "rb") as handle:
+            try:
+                with LogReader(handle) as reader:
+                    header = reader.header
+            except Exception:  # noqa: BLE001 - a malformed header replays the same either way
+                logs.append(path)
+                continue
+        if header.geometry.mode == "radix" and not header.host_pages:
+            logs.append(path)
+    return logs
+
+
+def summary_without_timing(result: object) -> dict[str, object]:
+    out = result.summary.to_json()  # type: ignore[attr-defined]
+    out.pop("seconds")
+    out.pop("events_per_second")
+    return out
+
+
+@pytest.mark.parametrize("path", radix_logs(), ids=lambda p: str(p.relative_to(REPLAY)))
+@pytest.mark.parametrize("check_every", [0, 64])
+def test_corpus_replays_the_same_on_both_paths(path: Path, check_every: int) -> None:
+    results = []
+    for fast in (False, True):
+        with LogReader(str(path), salvage=True) as reader:
+            results.append(replay(reader, check_every=check_every, fast=fast))
+    pure, fast_result = results
+    assert summary_without_timing(fast_result) == summary_without_timing(pure)
+    assert fast_result.failure == pure.failure
+    assert fast_result.stopped_early == pure.stopped_early
+
+
+def test_until_stops_at_the_same_event_and_checks_the_state() -> None:
+    path = REPLAY / "synthetic" / "sglang_p4_s11_tight.kvlog"
+    results = []
+    for fast in (False, True):
+        with LogReader(str(path)) as reader:
+            results.append(replay(reader, check_every=64, until=100, fast=fast))
+    assert results[1].stopped_early and results[1].summary.events == 100
+    assert summary_without_timing(results[1]) == summary_without_timing(results[0])
+    same_state(results[1].state, results[0].state)  # type: ignore[arg-type]
+
+
+def _free_always_at_tail(ts, event):  # type: ignore[no-untyped-def]
+    from kvstate.transient import pages
+    return pages.free(ts, attrs.evolve(event, at_head=False))
+
+
+def _unlock_without_own_lock_check(ts, event):  # type: ignore[no-untyped-def]
+    node = ts.nodes.get(event.node)
+    if node is None or event.node == 0 or node.lock_ref == 0:
+        return False
+    node.lock_ref -= 1  # forgets the ancestors and the "own lock" rule
+    return True
+
+
+@pytest.mark.parametrize("kind,broken", [(ev.Free, _free_always_at_tail),
+                                         (ev.Unlock, _unlock_without_own_lock_check)])
+def test_canary_a_broken_transient_rule_is_caught(monkeypatch: pytest.MonkeyPatch,
+                                                  kind: type[ev.Event], broken: object) -> None:
+    monkeypatch.setitem(RULES, kind, broken)
+    scope, limit = ("tree", 300) if kind is ev.Unlock else ("paged", 400)
+    with pytest.raises(AssertionError, match="transient (state differs|accepted an event)"):
+        test_every_candidate_event_in_small_scopes(scope, limit)
