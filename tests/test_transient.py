@@ -247,3 +247,70 @@ def test_canary_a_broken_transient_rule_is_caught(monkeypatch: pytest.MonkeyPatc
     scope, limit = ("tree", 300) if kind is ev.Unlock else ("paged", 400)
     with pytest.raises(AssertionError, match="transient (state differs|accepted an event)"):
         test_every_candidate_event_in_small_scopes(scope, limit)
+
+
+def brute_force_diff(path_a: Path, path_b: Path) -> tuple[int | None, int | None, str | None]:
+    """Step both logs with the pure reducer and compare fingerprints after every event."""
+    from itertools import zip_longest
+
+    from kvstate.log.diff import describe_state_difference
+    from kvstate.log.reader import read_events
+
+    header_a, events_a = read_events(path_a)
+    header_b, events_b = read_events(path_b)
+    state_a: State | None = initial_state(header_a.geometry)
+    state_b: State | None = initial_state(header_b.geometry)
+    if state_a != state_b:
+        assert state_a is not None and state_b is not None
+        firsts = [i for i, (x, y) in enumerate(zip_longest(events_a, events_b)) if x != y]
+        return (firsts[0] if firsts else None), -1, describe_state_difference(state_a, state_b)
+    event_index = None
+    for index, (evt_a, evt_b) in enumerate(zip_longest(events_a, events_b)):
+        if event_index is None and evt_a != evt_b:
+            event_index = index
+        refused = []
+        for which, (state, evt) in enumerate(((state_a, evt_a), (state_b, evt_b))):
+            if state is not None and evt is not None:
+                try:
+                    state = apply(state, evt)
+                except InvalidEvent as exc:
+                    refused.append(f"{'AB'[which]}'s event refused: {exc.precondition}")
+            if which == 0:
+                state_a = state
+            else:
+                state_b = state
+        if refused:
+            return event_index, index, refused[0]
+        assert state_a is not None and state_b is not None
+        if state_a != state_b:
+            return event_index, index, describe_state_difference(state_a, state_b)
+    return event_index, None, None
+
+
+def test_diff_matches_stepping_both_logs_and_comparing_every_state(tmp_path: Path) -> None:
+    from kvstate.log import write_log
+    from kvstate.log.diff import diff_logs
+    from kvstate.log.reader import read_events
+
+    synthetic = REPLAY / "synthetic" / "sglang_p4_s11_tight.kvlog"
+    header, events = read_events(synthetic)
+    prefix = tmp_path / "prefix.kvlog"
+    write_log(prefix, header.geometry, events[: len(events) // 2])
+    vllm = REPLAY / "vllm" / "prefix_caching_b4.kvlog"
+    vllm_header, vllm_events = read_events(vllm)
+    vllm_prefix = tmp_path / "vllm_prefix.kvlog"
+    write_log(vllm_prefix, vllm_header.geometry, vllm_events[:-3])
+    double_free = REPLAY / "failing" / "double_free.kvlog"
+    pairs = [(synthetic, synthetic), (synthetic, prefix), (prefix, synthetic),
+             (synthetic, REPLAY / "synthetic" / "sglang_p16_s5.kvlog"),
+             (vllm, vllm), (vllm, vllm_prefix), (double_free, double_free),
+             (REPLAY / "seed" / "001_prefix_hit_walkthrough.kvlog", double_free)]
+    for path_a, path_b in pairs:
+        with LogReader(str(path_a)) as reader_a, LogReader(str(path_b)) as reader_b:
+            found = diff_logs(reader_a, reader_b)
+        assert (found.event_index, found.state_index, found.state_difference) == \
+            brute_force_diff(path_a, path_b), (path_a.name, path_b.name)
+    with LogReader(str(double_free)) as reader_a, LogReader(str(double_free)) as reader_b:
+        refused = diff_logs(reader_a, reader_b)
+    assert refused.event_index is None and refused.state_index == 17
+    assert "already free" in (refused.note or "")

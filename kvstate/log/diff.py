@@ -6,6 +6,13 @@ one log ends); the first *state* difference is the first index after which
 the two states' fingerprints differ, described down to the component
 (free list, holders, a request's table, a tree node).  Streams both logs;
 keeps only the two current states.
+
+Up to the first event divergence the two states cannot differ (same initial
+state, same events, a deterministic reducer), so that shared prefix is
+replayed once, on the transient fast path for radix logs, and no state is
+compared; states are compared event by event only after the divergence.
+This makes diffing two long logs that share most of their history cost about
+one fast replay instead of two fingerprints per event.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from kvstate.events import Event
 from kvstate.log.reader import LogReader
 from kvstate.reducer import apply
 from kvstate.state import State, initial_state
+from kvstate.transient import TransientApplier
 
 COMPONENTS = ("encoding_version", "geometry", "clock", "free_pages", "holders", "page_node",
               "free_rows", "row_generation", "requests", "nodes", "next_node_id",
@@ -82,6 +90,19 @@ def _step(state: State | None, evt: Event | None) -> tuple[State | None, str | N
         return None, exc.precondition
 
 
+class _PureApplier:
+    """``TransientApplier``'s interface over the pure reducer (block-mode logs)."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+
+    def apply(self, evt: Event) -> None:
+        self._state = apply(self._state, evt)
+
+    def state(self) -> State:
+        return self._state
+
+
 def diff_logs(reader_a: LogReader, reader_b: LogReader) -> LogDiff:
     """Replay both logs side by side; raises ``LogFormatError`` if either is malformed."""
     start_a = initial_state(reader_a.header.geometry)
@@ -96,6 +117,11 @@ def diff_logs(reader_a: LogReader, reader_b: LogReader) -> LogDiff:
         state_index = -1
     note = None
     count_a = count_b = 0
+    # While the events agree, one replay stands for both (see the module docstring).
+    shared: TransientApplier | _PureApplier | None = None
+    if state_index is None:
+        shared = (TransientApplier(start_a) if start_a.geometry.mode == "radix"
+                  else _PureApplier(start_a))
     for index, (evt_a, evt_b) in enumerate(zip_longest(reader_a.events(), reader_b.events())):
         count_a += evt_a is not None
         count_b += evt_b is not None
@@ -103,6 +129,16 @@ def diff_logs(reader_a: LogReader, reader_b: LogReader) -> LogDiff:
             event_index, pair = index, (evt_a, evt_b)
         if state_index is not None:
             continue
+        if shared is not None:
+            if event_index is None:  # the same event on the same state
+                try:
+                    shared.apply(evt_a)  # type: ignore[arg-type]
+                except InvalidEvent as exc:
+                    state_index = index
+                    note = difference = f"A's event refused: {exc.precondition}"
+                continue
+            state_a = state_b = shared.state()  # the divergence: compare from here on
+            shared = None
         state_a, refused_a = _step(state_a, evt_a)
         state_b, refused_b = _step(state_b, evt_b)
         if refused_a or refused_b:
