@@ -33,16 +33,20 @@ from kvstate.state import Geometry, Node, Request, RequestId, State
 class TNode:
     """A tree node, mutable (fields as in ``kvstate.state.Node``).
 
-    ``below`` is a transient-only index: the sum of the children's
+    Two transient-only fields: ``below``, the sum of the children's
     ``lock_ref``, so an unlock checks "holds a lock of its own" without
-    walking every child (a shared system prompt may have hundreds).
+    walking every child (a shared system prompt may have hundreds); and
+    ``frozen``, the ``Node`` this node froze to last, reused by ``freeze``
+    until a rule changes the node.  Every rule that writes a node field
+    clears ``frozen`` (tests freeze after every event to keep that honest).
     """
 
-    __slots__ = ("parent", "key", "pages", "children", "lock_ref", "last_access", "extra", "below")
+    __slots__ = ("parent", "key", "pages", "children", "lock_ref", "last_access", "extra", "below",
+                 "frozen")
 
     def __init__(self, parent: int, key: tuple[int, ...], pages: tuple[int, ...],
                  children: dict[Any, int], lock_ref: int, last_access: int, extra: Any = None,
-                 below: int = 0) -> None:
+                 below: int = 0, frozen: Node | None = None) -> None:
         self.parent = parent
         self.key = key
         self.pages = pages
@@ -51,6 +55,14 @@ class TNode:
         self.last_access = last_access
         self.extra = extra
         self.below = below
+        self.frozen = frozen
+
+    def freeze(self) -> Node:
+        node = self.frozen
+        if node is None:
+            node = self.frozen = Node(self.parent, self.key, self.pages, Map(self.children),
+                                      self.lock_ref, self.last_access, self.extra)
+        return node
 
 
 class TRequest:
@@ -137,7 +149,7 @@ def thaw(state: State) -> TransientState:
     nodes = state.nodes
     out.nodes = {nid: TNode(n.parent, n.key, n.pages, dict(n.children.items()), n.lock_ref,
                             n.last_access, n.extra,
-                            sum(nodes[child].lock_ref for child in n.children.values()))
+                            sum(nodes[child].lock_ref for child in n.children.values()), n)
                  for nid, n in nodes.items()}
     out.next_node_id = state.next_node_id
     out.evictable_size = state.evictable_size
@@ -151,9 +163,7 @@ def freeze(ts: TransientState) -> State:
     """A new frozen ``State`` with ``ts``'s contents (``ts`` stays usable)."""
     requests = Map({rid: Request(pvector(r.pages), r.allocated, r.committed)
                     for rid, r in ts.requests.items()})
-    nodes = Map({nid: Node(n.parent, n.key, n.pages, Map(n.children), n.lock_ref,
-                           n.last_access, n.extra)
-                 for nid, n in ts.nodes.items()})
+    nodes = Map({nid: n.freeze() for nid, n in ts.nodes.items()})
     return State(
         geometry=ts.geometry,
         seq=ts.seq,

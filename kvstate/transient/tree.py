@@ -45,6 +45,7 @@ def insert(ts: TransientState, event: Insert) -> bool:
         page_node[page] = event.node
     ts.nodes[event.node] = TNode(event.parent, key, tuple(pages), {}, 0, event.time)
     parent.children[child_key] = event.node
+    parent.frozen = None
     ts.leaves.pop(event.parent, None)
     if owner != DETACHED and owner in ts.requests:
         tree_refs = ts.tree_refs  # the owner keeps mapping the pages; its hold moved to the tree
@@ -70,7 +71,9 @@ def split(ts: TransientState, event: Split) -> bool:
     key, cut = node.key, at // size
     top = TNode(node.parent, key[:at], node.pages[:cut], {_child_key(size, key[at:]): event.node},
                 node.lock_ref, event.time, None, node.lock_ref)
-    ts.nodes[node.parent].children[_child_key(size, key)] = event.new_node
+    parent = ts.nodes[node.parent]
+    parent.children[_child_key(size, key)] = event.new_node
+    parent.frozen = node.frozen = None
     page_node = ts.page_node
     for page in top.pages:
         page_node[page] = event.new_node
@@ -87,7 +90,9 @@ def touch(ts: TransientState, event: Touch) -> bool:
         return False
     time = event.time
     for node_id in event.nodes:
-        nodes[node_id].last_access = time
+        node = nodes[node_id]
+        node.last_access = time
+        node.frozen = None
     ts.clock = time
     return True
 
@@ -105,6 +110,7 @@ def lock(ts: TransientState, event: Lock) -> bool:
             moved += len(node.key)
             leaves.pop(node_id, None)
         node.lock_ref += 1
+        node.frozen = None
         node_id = node.parent
         nodes[node_id].below += 1
     ts.evictable_size -= moved
@@ -135,6 +141,7 @@ def unlock(ts: TransientState, event: Unlock) -> bool:
             if not node.children:
                 freed_leaf = node_id
         node.lock_ref -= 1
+        node.frozen = None
         nodes[node.parent].below -= 1
     if freed_leaf is not None:
         ts.leaves[freed_leaf] = None
@@ -166,6 +173,7 @@ def evict(ts: TransientState, event: Evict) -> bool:
         node = nodes.pop(node_id)
         parent = nodes[node.parent]
         del parent.children[_child_key(size, node.key)]
+        parent.frozen = None
         leaves.pop(node_id, None)
         if node.parent != ROOT and parent.lock_ref == 0 and not parent.children:
             leaves[node.parent] = None
