@@ -246,3 +246,21 @@ def test_a_vllm_log_summary_counts_blocks(capsys):
     code, report = run_json(capsys, "replay", log)
     assert code == 0 and report["summary"]["block_hits"] == 8
     assert report["summary"]["blocks_uncached"] == 2
+
+
+def test_reducer_choice_is_reported_and_gives_the_same_answer(capsys):
+    log = str(REPO / "replay" / "synthetic" / "sglang_p4_s11_tight.kvlog")
+    outs = {}
+    for extra in ((), ("--reducer", "pure"), ("--reducer", "transient")):
+        code, out = run_json(capsys, "replay", log, "--check-every", "0", *extra)
+        assert code == 0
+        outs[extra] = out
+    assert outs[()]["reducer"] == "transient"  # auto picks the fast path when checks are thinned
+    assert outs[("--reducer", "pure")]["reducer"] == "pure"
+    fingerprints = {out["final_fingerprint"] for out in outs.values()}
+    assert len(fingerprints) == 1
+    code, every_event = run_json(capsys, "replay", log)
+    assert code == 0 and every_event["reducer"] == "pure"  # per-event checks need frozen states
+    vllm_log = str(REPO / "replay" / "vllm" / "prefix_caching_b4.kvlog")
+    assert main(["replay", vllm_log, "--reducer", "transient"]) == 2
+    assert "radix-mode" in capsys.readouterr().err
