@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from immutables import Map
 
@@ -36,17 +37,33 @@ def check_time(state: State, time: int) -> None:
         raise Reject(f"logical time {time} is before the clock {state.clock}")
 
 
+class Counts(Protocol):
+    """What ``bump_counts`` needs: a dict, or an ``immutables`` map mutation."""
+
+    def get(self, key: int, default: int, /) -> int: ...
+    def __setitem__(self, key: int, value: int, /) -> None: ...
+    def __delitem__(self, key: int, /) -> None: ...
+
+
+def bump_counts(counts: Counts, pages: Iterable[int], delta: int) -> None:
+    """Add ``delta`` to each page's count in place, dropping zeros (mutates ``counts``).
+
+    Shared by the reducer (on a ``Map`` mutation) and the transient rules (on a dict).
+    """
+    for page in pages:
+        count = counts.get(page, 0) + delta
+        if count:
+            counts[page] = count
+        else:
+            del counts[page]
+
+
 def adjust_tree_refs(
     tree_refs: Map[int, int], pages: Iterable[int], delta: int
 ) -> Map[int, int]:
     """Add ``delta`` to the unheld-reference count of each page (dropping zeros)."""
     with tree_refs.mutate() as out:
-        for page in pages:
-            count = out.get(page, 0) + delta
-            if count:
-                out[page] = count
-            else:
-                del out[page]
+        bump_counts(out, pages, delta)
         result = out.finish()
     return result
 

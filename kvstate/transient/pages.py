@@ -13,6 +13,7 @@ place and return ``True``.  Token range ownership is the pure reducer's::
 from __future__ import annotations
 
 from kvstate.events import Allocate, Append, Assign, Copy, Free, Share, Truncate
+from kvstate.reducer.common import bump_counts
 from kvstate.state import DETACHED, RequestId, expand_pages
 from kvstate.transient.state import TransientState, TRequest
 
@@ -107,16 +108,6 @@ def append(ts: TransientState, event: Append) -> bool:
     return True
 
 
-def adjust_tree_refs(tree_refs: dict[int, int], pages: list[int], delta: int) -> None:
-    """``delta`` on each page's unheld-reference count, dropping zeros (as the reducer)."""
-    for page in pages:
-        count = tree_refs.get(page, 0) + delta
-        if count:
-            tree_refs[page] = count
-        else:
-            del tree_refs[page]
-
-
 def unheld_tree_pages(ts: TransientState, request_id: RequestId, pages: list[int]) -> list[int]:
     page_node, holders = ts.page_node, ts.holders
     return [p for p in pages if p in page_node and request_id not in holders.get(p, ())]
@@ -198,8 +189,8 @@ def assign(ts: TransientState, event: Assign) -> bool:
         claimed.append(page)
     dropped = [p for p in replaced if p not in kept]
     unreferenced = unheld_tree_pages(ts, request_id, dropped)
-    adjust_tree_refs(ts.tree_refs, referenced, +1)
-    adjust_tree_refs(ts.tree_refs, unreferenced, -1)
+    bump_counts(ts.tree_refs, referenced, +1)
+    bump_counts(ts.tree_refs, unreferenced, -1)
     for page in claimed:
         holders[page] = (request_id,)
     release_holds(ts, request_id, dropped)
@@ -220,7 +211,7 @@ def truncate(ts: TransientState, event: Truncate) -> bool:
     kept_pages = record.pages[:keep]
     kept = set(kept_pages)
     dropped = [p for p in record.pages[keep:] if p not in kept]
-    adjust_tree_refs(ts.tree_refs, unheld_tree_pages(ts, event.request, dropped), -1)
+    bump_counts(ts.tree_refs, unheld_tree_pages(ts, event.request, dropped), -1)
     release_holds(ts, event.request, dropped)
     record.pages = kept_pages
     record.allocated = event.length

@@ -11,6 +11,7 @@ old node id::
 from __future__ import annotations
 
 from kvstate.events import Evict, Insert, Lock, Split, Touch, Unlock
+from kvstate.reducer.common import bump_counts
 from kvstate.state import DETACHED, ROOT, expand_pages
 from kvstate.transient.state import TNode, TransientState
 
@@ -48,13 +49,8 @@ def insert(ts: TransientState, event: Insert) -> bool:
     parent.frozen = None
     ts.leaves.pop(event.parent, None)
     if owner != DETACHED and owner in ts.requests:
-        tree_refs = ts.tree_refs  # the owner keeps mapping the pages; its hold moved to the tree
-        for page in pages:
-            count = tree_refs.get(page, 0) + 1
-            if count:
-                tree_refs[page] = count
-            else:
-                del tree_refs[page]
+        # the owner keeps mapping the pages; its hold moved to the tree
+        bump_counts(ts.tree_refs, pages, +1)
     ts.next_node_id = event.node + 1
     ts.clock = event.time
     ts.evictable_size += len(key)
