@@ -262,5 +262,8 @@ def test_reducer_choice_is_reported_and_gives_the_same_answer(capsys):
     code, every_event = run_json(capsys, "replay", log)
     assert code == 0 and every_event["reducer"] == "pure"  # per-event checks need frozen states
     vllm_log = str(REPO / "replay" / "vllm" / "prefix_caching_b4.kvlog")
-    assert main(["replay", vllm_log, "--reducer", "transient"]) == 2
-    assert "radix-mode" in capsys.readouterr().err
+    code, block = run_json(capsys, "replay", vllm_log, "--check-every", "0")
+    assert code == 0 and block["reducer"] == "transient"  # block mode (vLLM) logs too
+    tiered_log = str(REPO / "replay" / "tiered" / "write_back_hit.kvlog")
+    assert main(["replay", tiered_log, "--reducer", "transient"]) == 2
+    assert "host tier" in capsys.readouterr().err

@@ -32,7 +32,7 @@ from kvstate.log import LogReader, replay
 from kvstate.log.synthetic import WorkloadSpec, run_synthetic
 from kvstate.reducer import apply
 from kvstate.state import State, initial_state
-from kvstate.transient import RULES, TransientApplier, freeze, thaw
+from kvstate.transient import BLOCK_RULES, RULES, TransientApplier, freeze, rules_for, thaw
 
 REPLAY = Path(__file__).resolve().parent.parent / "replay"
 
@@ -46,7 +46,7 @@ def same_state(got: State, want: State) -> None:
 
 def declined_on_purpose(event: ev.Event) -> bool:
     """Valid events the transient rules leave to the reducer (documented in the applier)."""
-    if type(event) not in RULES:
+    if type(event) not in RULES and type(event) not in BLOCK_RULES:
         return True
     if isinstance(event, ev.Allocate):
         request_ids = [request_id for request_id, _ in event.items]
@@ -60,7 +60,7 @@ def compare(state: State, event: ev.Event) -> State | None:
         want: State | None = apply(state, event)
     except InvalidEvent:
         want = None
-    rule = RULES.get(type(event))
+    rule = rules_for(state.geometry.mode).get(type(event))
     if rule is None:
         return want
     ts = thaw(state)
@@ -176,13 +176,71 @@ def test_reset_goes_through_the_reducer() -> None:
     assert applier.fallbacks == 2 and applier.seq == len(events)
 
 
-def test_block_mode_is_refused() -> None:
-    block = initial_state(attrs.evolve(geometry_of(SCOPES["tiny"]), mode="block"))
-    with pytest.raises(ValueError, match="radix mode only"):
-        TransientApplier(block)
+def vllm_run_events(seed: int, window: int | None, caching: bool) -> tuple[State, list[ev.Event]]:
+    """A seeded vLLM front-end run: admissions with prefix hits, decodes, frees,
+    evictions, prefix-cache resets and pool-level get/touch/free."""
+    from kvstate.vllm.manager import KVCacheManager
+    from kvstate.vllm.request import Request
+
+    rng = random.Random(seed)
+    manager = KVCacheManager(12, 2, 64, enable_caching=caching, sliding_window=window)
+    start = manager.engine.state
+    running: dict[str, Request] = {}
+    pool_refs: list = []
+    for step in range(160):
+        action = rng.random()
+        if action < 0.35:
+            request = Request(f"r{step}", [rng.randrange(3) for _ in range(rng.randint(1, 9))], 2)
+            blocks, hit, _ = manager.get_computed_blocks(request)
+            if manager.allocate_slots(request, request.num_tokens - hit, hit, blocks) is not None:
+                request.num_computed_tokens = request.num_tokens
+                running[request.request_id] = request
+        elif action < 0.65 and running:
+            request = running[rng.choice(sorted(running))]
+            request.append_output_token_ids(rng.randrange(3))
+            if manager.allocate_slots(request, 1) is None:
+                manager.free(running.pop(request.request_id))
+            else:
+                request.num_computed_tokens += 1
+        elif action < 0.8 and running:
+            manager.free(running.pop(rng.choice(sorted(running))))
+        elif action < 0.87:
+            manager.evict_blocks({rng.randrange(12) for _ in range(2)})
+        elif action < 0.9:
+            manager.reset_prefix_cache()
+        elif action < 0.95:
+            pool = manager.block_pool
+            pool_refs.extend(pool.get_new_blocks(min(2, pool.get_num_free_blocks())))
+        elif pool_refs:
+            manager.block_pool.touch(pool_refs[:1])
+            manager.block_pool.free_blocks(pool_refs)
+            manager.block_pool.free_blocks(pool_refs[:1])
+            pool_refs.clear()
+    return start, list(manager.engine.events)
 
 
-def radix_logs() -> list[Path]:
+@pytest.mark.parametrize("seed,window,caching", [(1, None, True), (2, 3, True), (3, None, False),
+                                                 (4, 5, True)])
+def test_block_mode_vllm_runs_event_by_event(seed: int, window: int | None, caching: bool) -> None:
+    state, events = vllm_run_events(seed, window, caching)
+    assert state.geometry.mode == "block"
+    rng = random.Random(seed)
+    applier = TransientApplier(state)
+    rejected = 0
+    for event in events:
+        if compare(state, mutate(event, rng)) is None:
+            rejected += 1
+        assert compare(state, event) is not None
+        state = apply(state, event)
+        applier.apply(event)
+        same_state(applier.state(), state)
+    assert applier.fallbacks == 0
+    tags = {event.TAG for event in events}
+    assert {"ba", "bh", "br"} <= tags and (not caching or {"bc", "bu"} <= tags)
+    assert rejected > len(events) // 5
+
+
+def untiered_logs() -> list[Path]:
     logs = []
     for path in sorted(REPLAY.rglob("*.kvlog")):
         with open(path, "rb") as handle:
@@ -192,7 +250,7 @@ def radix_logs() -> list[Path]:
             except Exception:  # noqa: BLE001 - a malformed header replays the same either way
                 logs.append(path)
                 continue
-        if header.geometry.mode == "radix" and not header.host_pages:
+        if not header.host_pages:
             logs.append(path)
     return logs
 
@@ -204,7 +262,7 @@ def summary_without_timing(result: object) -> dict[str, object]:
     return out
 
 
-@pytest.mark.parametrize("path", radix_logs(), ids=lambda p: str(p.relative_to(REPLAY)))
+@pytest.mark.parametrize("path", untiered_logs(), ids=lambda p: str(p.relative_to(REPLAY)))
 @pytest.mark.parametrize("check_every", [0, 64])
 def test_corpus_replays_the_same_on_both_paths(path: Path, check_every: int) -> None:
     results = []
@@ -316,3 +374,47 @@ def test_diff_matches_stepping_both_logs_and_comparing_every_state(tmp_path: Pat
         refused = diff_logs(reader_a, reader_b)
     assert refused.event_index is None and refused.state_index == 17
     assert "already free" in (refused.note or "")
+
+
+def _release_all_to_head(ts, event):  # type: ignore[no-untyped-def]
+    from kvstate.transient import block
+    return block.block_release(ts, attrs.evolve(event, cached_to_tail=False))
+
+
+def test_canary_a_broken_block_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstate.events_block import BlockRelease
+
+    monkeypatch.setitem(BLOCK_RULES, BlockRelease, _release_all_to_head)
+    with pytest.raises(AssertionError, match="transient (state differs|accepted an event)"):
+        test_block_mode_vllm_runs_event_by_event(1, None, True)
+
+
+@pytest.mark.parametrize("scope_name,window", [("vllm-tiny", None), ("vllm-paged", None),
+                                               ("vllm-tiny", 2)])
+def test_every_vllm_explorer_edge(scope_name: str, window: int | None) -> None:
+    """Every event of every front-end call the vLLM explorer scope makes, state by state."""
+    from kvstate.vllm.explore import VllmLevel
+
+    level = VllmLevel(SCOPES[scope_name], sliding_window=window)
+    start = level.initial()
+    seen = {level.view(start)}
+    frontier = [start]
+    compared = 0
+    while frontier and len(seen) < 300:
+        next_frontier = []
+        for world in frontier:
+            for step in level.expand(world):
+                if step.world is None:
+                    continue
+                state = level.state(world)
+                for event in step.events:
+                    state = compare(state, event)  # type: ignore[assignment]
+                    assert state is not None
+                    compared += 1
+                assert state.fingerprint() == level.state(step.world).fingerprint()
+                view = level.view(step.world)
+                if view not in seen:
+                    seen.add(view)
+                    next_frontier.append(step.world)
+        frontier = next_frontier
+    assert compared > 200

@@ -9,7 +9,7 @@ keeps only the two current states.
 
 Up to the first event divergence the two states cannot differ (same initial
 state, same events, a deterministic reducer), so that shared prefix is
-replayed once, on the transient fast path for radix logs, and no state is
+replayed once, on the transient fast path, and no state is
 compared; states are compared event by event only after the divergence.
 This makes diffing two long logs that share most of their history cost about
 one fast replay instead of two fingerprints per event.
@@ -90,19 +90,6 @@ def _step(state: State | None, evt: Event | None) -> tuple[State | None, str | N
         return None, exc.precondition
 
 
-class _PureApplier:
-    """``TransientApplier``'s interface over the pure reducer (block-mode logs)."""
-
-    def __init__(self, state: State) -> None:
-        self._state = state
-
-    def apply(self, evt: Event) -> None:
-        self._state = apply(self._state, evt)
-
-    def state(self) -> State:
-        return self._state
-
-
 def diff_logs(reader_a: LogReader, reader_b: LogReader) -> LogDiff:
     """Replay both logs side by side; raises ``LogFormatError`` if either is malformed."""
     start_a = initial_state(reader_a.header.geometry)
@@ -118,10 +105,7 @@ def diff_logs(reader_a: LogReader, reader_b: LogReader) -> LogDiff:
     note = None
     count_a = count_b = 0
     # While the events agree, one replay stands for both (see the module docstring).
-    shared: TransientApplier | _PureApplier | None = None
-    if state_index is None:
-        shared = (TransientApplier(start_a) if start_a.geometry.mode == "radix"
-                  else _PureApplier(start_a))
+    shared = TransientApplier(start_a) if state_index is None else None
     for index, (evt_a, evt_b) in enumerate(zip_longest(reader_a.events(), reader_b.events())):
         count_a += evt_a is not None
         count_b += evt_b is not None

@@ -184,8 +184,8 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
     """Replay ``reader``'s log; see the module docstring.  ``check_every=0`` never checks.
 
     ``fast`` picks the transient fast path (``kvstate.log.replay_fast``); the
-    default (``None``) takes it whenever it gives the same answers: a plain
-    radix-mode log, no ``on_event`` hook, and checks every
+    default (``None``) takes it whenever it gives the same answers: a log
+    without a host tier (radix or block mode), no ``on_event`` hook, and checks every
     ``FAST_MIN_INTERVAL`` events or fewer.  ``fast=True`` where it cannot be
     used is a ``ValueError``.
     """
@@ -199,10 +199,10 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
             "fingerprint", "the initial state's fingerprint differs from the header's (the state "
             "encoding changed since this log was written)", check="initial_state")
     else:
-        usable = (isinstance(state, State) and state.geometry.mode == "radix"
-                  and on_event is None)
+        usable = isinstance(state, State) and on_event is None
         if fast and not usable:
-            raise ValueError("the fast replay path needs a plain radix-mode log and no on_event hook")
+            raise ValueError("the fast replay path needs a log without a host tier and no "
+                             "on_event hook")
         if fast is None:
             fast = usable and (check_every == 0 or check_every >= FAST_MIN_INTERVAL)
         if fast:

@@ -7,7 +7,8 @@ every event: no per-event hook and invariant checks thinned to every
 checkpoints, invariant checks and the end.  The summary counters read the
 transient state directly; the ones that depend on the state before an event
 (prefix hits, evicted tokens) are measured before it is applied and counted
-only once it is accepted.  Owns nothing but its local counters.
+only once it is accepted.  Radix and block-mode (vLLM) logs both take it;
+host-tier logs do not.  Owns nothing but its local counters.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from kvstate.errors import InvalidEvent
 from kvstate.events import Allocate, Assign, Event, Evict, ReqAlloc, Share
+from kvstate.events_block import BlockAlloc, BlockHold, BlockUncache
 from kvstate.log.format import Checkpoint, EndRecord, LogFormatError
 from kvstate.log.reader import LogReader
 from kvstate.state import State
-from kvstate.transient import RULES, TransientApplier, TransientState
+from kvstate.transient import TransientApplier, TransientState
 
 if TYPE_CHECKING:
     from kvstate.invariants import Violation
@@ -71,10 +73,24 @@ def _count_evict(summary: Summary, _: set[Any], evt: Any, evicted_tokens: int) -
     summary.evicted_tokens += evicted_tokens
 
 
+def _count_block_hits(summary: Summary, _: set[Any], evt: Any, __: int) -> None:
+    summary.block_hits += sum(1 for page in evt.pages if page)  # page 0 pads, not a hit
+
+
+def _count_block_alloc(summary: Summary, _: set[Any], evt: Any, __: int) -> None:
+    summary.blocks_allocated += len(evt.pages)
+
+
+def _count_block_uncache(summary: Summary, _: set[Any], evt: Any, __: int) -> None:
+    summary.blocks_uncached += len(evt.pages)
+
+
 POST: dict[type[Event], Callable[[Summary, set[Any], Any, int], None]] = {
     Allocate: _count_allocate, ReqAlloc: _count_req_alloc, Assign: _count_hits,
-    Share: _count_hits, Evict: _count_evict,
+    Share: _count_hits, Evict: _count_evict, BlockHold: _count_block_hits,
+    BlockAlloc: _count_block_alloc, BlockUncache: _count_block_uncache,
 }
+TAKES_PAGES = frozenset({Allocate, BlockAlloc, BlockHold})  # events that can shrink the free queue
 
 
 def run_transient(reader: LogReader, result: ReplayResult, state: State, check_every: int,
@@ -91,7 +107,7 @@ def run_transient(reader: LogReader, result: ReplayResult, state: State, check_e
     counts: dict[Any, int] = {}  # event class -> events applied
     index = last_checked = 0
     last: Event | None = None
-    pre_get, post_get, rule_get = PRE.get, POST.get, RULES.get
+    pre_get, post_get, rule_get = PRE.get, POST.get, applier.rules.get
     try:
         for offset, item in reader.records():
             kind = type(item)
@@ -124,14 +140,14 @@ def run_transient(reader: LogReader, result: ReplayResult, state: State, check_e
                                                    item, "reducer", offset)  # type: ignore[arg-type]
                     break
                 ts = applier.transient
-                pages_used = num_pages - len(ts.free_pages.keys)  # a fallback may take pages
+                pages_used = num_pages - len(ts.free_pages)  # a fallback may take pages
                 summary.peak_pages_used = max(summary.peak_pages_used, pages_used)
             counts[kind] = counts.get(kind, 0) + 1
             post = post_get(kind)  # type: ignore[arg-type]
             if post is not None:
                 post(summary, pending, item, measure)
-                if kind is Allocate:  # only allocations take pages off the free list
-                    pages_used = num_pages - len(ts.free_pages.keys)
+                if kind in TAKES_PAGES:  # only these take pages off the free list
+                    pages_used = num_pages - len(ts.free_pages)
                     if pages_used > summary.peak_pages_used:
                         summary.peak_pages_used = pages_used
             last = item  # type: ignore[assignment]

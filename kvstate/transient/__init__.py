@@ -8,7 +8,8 @@ definition; see ``kvstate.transient.applier`` for how the two stay equal.
 Nothing here imports torch, time, random or os.
 """
 
-from kvstate.transient.applier import RULES, TransientApplier
+from kvstate.transient.applier import BLOCK_RULES, RULES, TransientApplier, rules_for
 from kvstate.transient.state import TransientState, freeze, thaw
 
-__all__ = ["RULES", "TransientApplier", "TransientState", "freeze", "thaw"]
+__all__ = ["BLOCK_RULES", "RULES", "TransientApplier", "TransientState", "freeze", "rules_for",
+           "thaw"]

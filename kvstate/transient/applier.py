@@ -18,9 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstate import events as ev
+from kvstate import events_block as evb
 from kvstate.reducer import apply as pure_apply
 from kvstate.state import State
-from kvstate.transient import pages, rows, tree
+from kvstate.transient import block, pages, rows, tree
 from kvstate.transient.state import TransientState, freeze, thaw
 
 Rule = Callable[[TransientState, Any], bool]
@@ -43,17 +44,29 @@ RULES: dict[type[ev.Event], Rule] = {
     ev.Evict: tree.evict,
 }
 
+# Block mode (vLLM): the six block events and request opening.  Radix events on a
+# block-mode state are rare (the vLLM front end never emits them) and go to the reducer.
+BLOCK_RULES: dict[type[ev.Event], Rule] = {
+    ev.ReqAlloc: rows.req_alloc,
+    evb.BlockAlloc: block.block_alloc,
+    evb.BlockHold: block.block_hold,
+    evb.BlockRelease: block.block_release,
+    evb.BlockCache: block.block_cache,
+    evb.BlockUncache: block.block_uncache,
+    evb.BlockClear: block.block_clear,
+}
+
+
+def rules_for(mode: str) -> dict[type[ev.Event], Rule]:
+    """The transient rules of a geometry mode (``"radix"`` or ``"block"``)."""
+    return BLOCK_RULES if mode == "block" else RULES
+
 
 class TransientApplier:
-    """Fold events into a mutable state; freeze on demand.
-
-    Only radix-mode states are thawed: block-mode rules are not mirrored, so
-    a block-mode state would send every event through the slow fallback.
-    """
+    """Fold events into a mutable state (radix or block mode); freeze on demand."""
 
     def __init__(self, state: State) -> None:
-        if state.geometry.mode != "radix":
-            raise ValueError(f"the transient applier mirrors radix mode only, not {state.geometry.mode!r}")
+        self.rules = rules_for(state.geometry.mode)
         self._ts = thaw(state)
         self._frozen = state  # valid while its seq equals the transient's
         self.fallbacks = 0  # events the pure reducer applied (declined by a transient rule)
@@ -72,7 +85,7 @@ class TransientApplier:
 
     def apply(self, event: ev.Event) -> None:
         """Apply one event; raises ``InvalidEvent`` (state unchanged) like ``reducer.apply``."""
-        rule = RULES.get(type(event))
+        rule = self.rules.get(type(event))
         if rule is not None and rule(self._ts, event):
             self._ts.seq += 1
             return

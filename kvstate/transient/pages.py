@@ -28,7 +28,7 @@ def _owns_partial(ts: TransientState, request_id: RequestId, record: TRequest) -
 
 def allocate(ts: TransientState, event: Allocate) -> bool:
     pages = event.pages
-    queued = ts.free_pages.keys
+    queued = ts.free_pages.order
     if len(set(pages)) != len(pages) or any(page not in queued for page in pages):
         return False
     holders = ts.holders

@@ -16,7 +16,7 @@ def req_alloc(ts: TransientState, event: ReqAlloc) -> bool:
     request_ids = event.requests
     if len(set(request_ids)) != len(request_ids):
         return False
-    requests, rows = ts.requests, ts.free_rows.keys
+    requests, rows = ts.requests, ts.free_rows.order
     for request_id in request_ids:
         # A free row is always in 1..num_rows, so queue membership covers the range checks.
         if request_id in requests if type(request_id) is str else request_id not in rows:

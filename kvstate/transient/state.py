@@ -14,13 +14,15 @@ pure reducer stays the definition: every rule here is checked against it
 event by event (``tests/test_transient.py``), and anything a rule does not
 accept goes through the pure reducer itself.
 
-Free queues are ``page -> order key`` dicts: a head push takes keys below
-every key in use, a tail push keys above, so sorting by key gives queue
-order (only ``freeze`` needs the order; replay never asks for the head).
+Free queues are ``OrderedDict``s in queue order (``OrderedQueue``): every
+push, removal and head read is O(1) per page, as vLLM's linked free list is.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Iterable
+from itertools import islice
 from typing import Any
 
 from immutables import Map
@@ -76,37 +78,45 @@ class TRequest:
         self.committed = committed
 
 
-class KeyedQueue:
-    """A free queue as ``item -> order key``; mutated in place."""
+class OrderedQueue:
+    """A free queue, mutated in place: an ``OrderedDict`` of its items, head first.
 
-    __slots__ = ("keys", "head_key", "tail_key")
+    Every operation the reducer's ``FreeQueue`` has, at O(1) per item: a tail
+    push appends, a head push moves each item to the front, ``take`` deletes
+    wherever the item sits, and the head is the first items in order.
+    """
 
-    def __init__(self, items: list[int]) -> None:
-        self.keys: dict[int, int] = {item: index for index, item in enumerate(items)}
-        self.head_key = -1
-        self.tail_key = len(items)
+    __slots__ = ("order",)
 
-    def push_tail(self, items: list[int] | tuple[int, ...]) -> None:
-        keys, key = self.keys, self.tail_key
+    def __init__(self, items: Iterable[int]) -> None:
+        self.order: OrderedDict[int, None] = OrderedDict.fromkeys(items)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def push_tail(self, items: Iterable[int]) -> None:
+        order = self.order
         for item in items:
-            keys[item] = key
-            key += 1
-        self.tail_key = key
+            order[item] = None
 
     def push_head(self, items: list[int] | tuple[int, ...]) -> None:
         """``items[0]`` becomes the new head."""
-        keys, key = self.keys, self.head_key
+        order = self.order
+        to_front = order.move_to_end
         for item in reversed(items):
-            keys[item] = key
-            key -= 1
-        self.head_key = key
+            order[item] = None
+            to_front(item, last=False)
 
-    def ordered(self) -> list[int]:
-        keys = self.keys
-        return sorted(keys, key=keys.__getitem__)
+    def take(self, items: Iterable[int]) -> None:
+        order = self.order
+        for item in items:
+            del order[item]
+
+    def head(self, count: int) -> list[int]:
+        return list(islice(self.order, count))
 
     def freeze(self) -> FreeQueue:
-        return FreeQueue.from_pages(self.ordered())
+        return FreeQueue.from_pages(self.order)
 
 
 class TransientState:
@@ -119,10 +129,10 @@ class TransientState:
     geometry: Geometry
     seq: int
     clock: int
-    free_pages: KeyedQueue
+    free_pages: OrderedQueue
     holders: dict[int, tuple[RequestId, ...]]
     page_node: dict[int, int]
-    free_rows: KeyedQueue
+    free_rows: OrderedQueue
     row_generation: dict[int, int]
     requests: dict[RequestId, TRequest]
     nodes: dict[int, TNode]
@@ -139,10 +149,10 @@ def thaw(state: State) -> TransientState:
     out.geometry = state.geometry
     out.seq = state.seq
     out.clock = state.clock
-    out.free_pages = KeyedQueue(list(state.free_pages))
+    out.free_pages = OrderedQueue(state.free_pages)
     out.holders = dict(state.holders.items())
     out.page_node = dict(state.page_node.items())
-    out.free_rows = KeyedQueue(list(state.free_rows))
+    out.free_rows = OrderedQueue(state.free_rows)
     out.row_generation = dict(state.row_generation.items())
     out.requests = {rid: TRequest(list(r.pages), r.allocated, r.committed)
                     for rid, r in state.requests.items()}
