@@ -18,7 +18,8 @@ descendant is still cached).  Pure functions; nothing here mutates its inputs.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Container
+from typing import Any, Protocol
 
 from immutables import Map, MapMutation
 
@@ -125,6 +126,34 @@ def block_hold(state: State, event: BlockHold) -> State:
     return state.with_changes(free_pages=queue, holders=holders, requests=requests)
 
 
+class Holders(Protocol):
+    """What ``drop_one_hold`` needs: a dict, or an ``immutables`` map mutation."""
+
+    def __getitem__(self, key: int, /) -> tuple[RequestId, ...]: ...
+    def __setitem__(self, key: int, value: tuple[RequestId, ...], /) -> None: ...
+    def __delitem__(self, key: int, /) -> None: ...
+
+
+def drop_one_hold(holders: Holders, page_node: Container[int], page: int, holder: RequestId,
+                  cached_to_tail: bool, to_head: list[int], to_tail: list[int]) -> None:
+    """Remove one ``holder`` entry of ``page`` (mutates ``holders``); a page left with no
+    holder goes on ``to_tail`` (cached, with ``cached_to_tail``) or ``to_head``.
+
+    Shared by this reducer (on a map mutation) and the transient rule (on a dict).
+    """
+    held = holders[page]
+    index = held.index(holder)
+    rest = held[:index] + held[index + 1:]
+    if rest:
+        holders[page] = rest
+        return
+    del holders[page]
+    if cached_to_tail and page in page_node:
+        to_tail.append(page)
+    else:
+        to_head.append(page)
+
+
 @handles(BlockRelease)
 def block_release(state: State, event: BlockRelease) -> State:
     _require_block(state, "BlockRelease")
@@ -142,16 +171,7 @@ def block_release(state: State, event: BlockRelease) -> State:
                 check_page_id(state, page)
                 state_word = "free (double free)" if held is None else f"held by {list(held)}"
                 raise Reject(f"page {page} is not held by {holder!r}: it is {state_word}")
-            index = held.index(holder)
-            rest = held[:index] + held[index + 1:]
-            if rest:
-                out[page] = rest
-                continue
-            del out[page]
-            if event.cached_to_tail and page in page_node:
-                to_tail.append(page)
-            else:
-                to_head.append(page)
+            drop_one_hold(out, page_node, page, holder, event.cached_to_tail, to_head, to_tail)
         holders = out.finish()
     requests = state.requests
     if is_request:

@@ -23,6 +23,7 @@ from kvstate.events_block import (
     BlockRelease,
     BlockUncache,
 )
+from kvstate.reducer.block import drop_one_hold
 from kvstate.state import DETACHED, ROOT, RequestId, block_child_key
 from kvstate.transient.state import TNode, TransientState
 
@@ -133,17 +134,7 @@ def block_release(ts: TransientState, event: BlockRelease) -> bool:
     to_head: list[int] = []
     to_tail: list[int] = []
     for page in real:
-        held = holders[page]
-        index = held.index(holder)
-        rest = held[:index] + held[index + 1:]
-        if rest:
-            holders[page] = rest
-            continue
-        del holders[page]
-        if event.cached_to_tail and page in page_node:
-            to_tail.append(page)
-        else:
-            to_head.append(page)
+        drop_one_hold(holders, page_node, page, holder, event.cached_to_tail, to_head, to_tail)
     if record is not None:
         if event.close:
             del ts.requests[holder]
