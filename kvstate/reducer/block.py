@@ -18,7 +18,7 @@ descendant is still cached).  Pure functions; nothing here mutates its inputs.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from typing import Any, Protocol
 
 from immutables import Map, MapMutation
@@ -197,24 +197,25 @@ def block_release(state: State, event: BlockRelease) -> State:
     return state.with_changes(free_pages=queue, holders=holders, requests=requests)
 
 
-@handles(BlockCache)
-def block_cache(state: State, event: BlockCache) -> State:
-    if state.geometry.mode != "block":
-        _require_block(state, "BlockCache")
-    nodes = state.nodes
-    if event.parent not in nodes:
-        raise Reject(f"unknown tree node {event.parent}")
-    entries = event.entries
-    stored_from = event.stored_from
-    if not 0 <= stored_from <= len(entries):
-        raise Reject(f"stored_from {stored_from} outside 0..{len(entries)}")
-    size = state.geometry.page_size
-    num_pages = state.geometry.num_pages
-    holders, page_node = state.holders, state.page_node
-    # Pass 1: resolve each entry to an existing child or the next fresh id; check pages.
+class _WithChildren(Protocol):
+    @property
+    def children(self) -> Mapping[Any, int]: ...
+
+
+def resolve_cache_path(nodes: Mapping[int, _WithChildren], next_node_id: int, event: BlockCache,
+                       size: int, num_pages: int, holders: Container[int],
+                       page_node: Mapping[int, int]) -> tuple[list[tuple[Any, ...]], int, int, int]:
+    """``BlockCache`` pass 1 (reads only; raises ``Reject``): resolve each entry to an
+    existing child or the next fresh node id and check its page.
+
+    Returns ``(child keys, index of the first new node, next free node id, last node)``.
+    Shared by this reducer and the transient rule (any node map whose values have
+    ``children``).
+    """
+    entries, stored_from = event.entries, event.stored_from
     keys: list[tuple[Any, ...]] = []
     first_new = len(entries)
-    next_id = state.next_node_id
+    next_id = next_node_id
     current = event.parent
     seen: set[int] = set()
     for index, (node_id, key, extra, page) in enumerate(entries):
@@ -237,7 +238,7 @@ def block_cache(state: State, event: BlockCache) -> State:
             if index < stored_from:
                 raise Reject(f"entry {index} is before stored_from and caches page {page}")
             if not 0 < page <= num_pages:
-                check_page_id(state, page)
+                raise Reject(f"page {page} is outside 1..{num_pages}")  # page 0 skips the check
             if page in page_node or page in seen:
                 raise Reject(f"page {page} is already cached (tree node "
                              f"{page_node.get(page, entries[index][0])})")
@@ -245,6 +246,24 @@ def block_cache(state: State, event: BlockCache) -> State:
                 raise Reject(f"page {page} is free; cache only held pages")
             seen.add(page)
         current = node_id
+    return keys, first_new, next_id, current
+
+
+@handles(BlockCache)
+def block_cache(state: State, event: BlockCache) -> State:
+    if state.geometry.mode != "block":
+        _require_block(state, "BlockCache")
+    nodes = state.nodes
+    if event.parent not in nodes:
+        raise Reject(f"unknown tree node {event.parent}")
+    entries = event.entries
+    stored_from = event.stored_from
+    if not 0 <= stored_from <= len(entries):
+        raise Reject(f"stored_from {stored_from} outside 0..{len(entries)}")
+    size = state.geometry.page_size
+    page_node = state.page_node
+    keys, first_new, next_id, current = resolve_cache_path(
+        nodes, state.next_node_id, event, size, state.geometry.num_pages, state.holders, page_node)
     # Pass 2: build (new nodes are created whole: their pages and their one child).
     with nodes.mutate() as out_nodes, page_node.mutate() as out_pages:
         for index in range(first_new):

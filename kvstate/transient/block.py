@@ -13,8 +13,6 @@ the pure reducer.  Page life cycle (vLLM V1)::
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvstate.events_block import (
     BlockAlloc,
     BlockCache,
@@ -23,7 +21,8 @@ from kvstate.events_block import (
     BlockRelease,
     BlockUncache,
 )
-from kvstate.reducer.block import drop_one_hold
+from kvstate.reducer import Reject
+from kvstate.reducer.block import drop_one_hold, resolve_cache_path
 from kvstate.state import DETACHED, ROOT, RequestId, block_child_key
 from kvstate.transient.state import TNode, TransientState
 
@@ -155,35 +154,12 @@ def block_cache(ts: TransientState, event: BlockCache) -> bool:
     if ts.geometry.mode != "block" or event.parent not in nodes \
             or not 0 <= stored_from <= len(entries):
         return False
-    size, num_pages = ts.geometry.page_size, ts.geometry.num_pages
-    holders, page_node = ts.holders, ts.page_node
-    # Pass 1: resolve each entry to an existing child or the next fresh id; check pages.
-    keys: list[tuple[Any, ...]] = []
-    first_new = len(entries)
-    next_id = ts.next_node_id
-    current = event.parent
-    seen: set[int] = set()
-    for index, (node_id, key, extra, page) in enumerate(entries):
-        if len(key) != size:
-            return False
-        child_key = block_child_key(key, extra)
-        keys.append(child_key)
-        if index < first_new:
-            child = nodes[current].children.get(child_key)
-            if child is None:
-                first_new = index
-            elif child != node_id:
-                return False
-        if index >= first_new:
-            if node_id != next_id:
-                return False
-            next_id += 1
-        if page:
-            if index < stored_from or not 0 < page <= num_pages or page in page_node \
-                    or page in seen or page not in holders:
-                return False
-            seen.add(page)
-        current = node_id
+    size, page_node = ts.geometry.page_size, ts.page_node
+    try:
+        keys, first_new, next_id, current = resolve_cache_path(
+            nodes, ts.next_node_id, event, size, ts.geometry.num_pages, ts.holders, page_node)
+    except Reject:
+        return False
     # Pass 2: build (new nodes are created whole: their pages and their one child).
     for index in range(first_new):
         node_id, _key, _extra, page = entries[index]
