@@ -480,22 +480,3 @@ def test_values_and_copy_on_write_on_a_cuda_device():
     prefix_keys = [[100.0 + t, 0.0] for t in range(6)]
     assert manager.get_kv("b", 0)[0] == prefix_keys + [[7.0, 7.0]]
     assert manager.get_kv("a", 0)[0] == prefix_keys
-
-
-def test_the_planning_modules_are_pure():
-    """basic/paged/sharing/prefix/stats/names/checks import no torch, time, random or os."""
-    from tests.test_purity import FORBIDDEN, imports_of, module_path
-
-    todo = [f"kvstate.kv_manager.{name}" for name in
-            ("basic", "paged", "sharing", "prefix", "stats", "names", "checks", "errors")]
-    seen: dict[str, set[str]] = {}
-    while todo:
-        name = todo.pop()
-        if name in seen or module_path(name) is None:
-            continue
-        seen[name] = imports_of(name)
-        todo.extend(m for m in seen[name] if m.startswith("kvstate.") and m != "kvstate")
-    assert "kvstate.kv_manager.paged" in seen and "kvstate.reducer" in seen
-    offenders = {m: sorted(i for i in imported if i.split(".")[0] in FORBIDDEN)
-                 for m, imported in seen.items()}
-    assert {m: i for m, i in offenders.items() if i} == {}

@@ -24,15 +24,14 @@ from typing import Any
 import attrs
 
 from kvstate.errors import InvalidEvent
-from kvstate.events import Allocate, Assign, Event, Evict, ReqAlloc, Share
-from kvstate.events_block import BlockAlloc, BlockHold, BlockUncache
+from kvstate.events import Event
 from kvstate.invariants import Violation, check
 from kvstate.log.format import Checkpoint, EndRecord, LogFormatError, LogHeader
 from kvstate.log.initial import Applier, ReplayState, applier, core_of, start_state, with_host_checks
 from kvstate.log.reader import LogReader
 from kvstate.log.replay_fast import FAST_MIN_INTERVAL, run_transient
+from kvstate.log.tally import count_after, measure_before
 from kvstate.state import State
-from kvstate.state_host import TieredState
 
 Checker = Callable[[State], list[Violation]]
 EventHook = Callable[[int, Event, State], None]
@@ -130,53 +129,6 @@ class ReplayResult:
         return self.failure is None
 
 
-class _Stats:
-    """Per-event bookkeeping for the summary (reads the pre- and post-event states)."""
-
-    def __init__(self, summary: Summary, num_pages: int) -> None:
-        self.summary = summary
-        self.num_pages = num_pages
-        self.first_extend: set[Any] = set()  # requests still waiting for their first Allocate
-
-    def observe_tiered(self, before: TieredState, evt: Event, after: TieredState) -> None:
-        self.observe(before.core, evt, after.core)
-
-    def observe(self, before: State, evt: Event, after: State) -> None:
-        summary = self.summary
-        tag = evt.TAG
-        summary.by_type[tag] = summary.by_type.get(tag, 0) + 1
-        used = self.num_pages - len(after.free_pages)  # any event type may take pages
-        if used > summary.peak_pages_used:
-            summary.peak_pages_used = used
-        if isinstance(evt, Allocate):
-            pending = self.first_extend
-            if pending:
-                for request_id, slots in evt.items:
-                    if request_id in pending:
-                        pending.discard(request_id)
-                        summary.prefill_tokens += len(slots)
-        elif isinstance(evt, ReqAlloc):
-            summary.requests += len(evt.requests)
-            self.first_extend.update(evt.requests)
-        elif isinstance(evt, (Assign, Share)):
-            record = before.requests.get(evt.request)
-            if evt.start == 0 and record is not None and record.allocated == 0:
-                size = before.geometry.page_size
-                tree = before.page_node
-                summary.prefix_hit_tokens += sum(1 for slot in evt.slots if slot // size in tree)
-        elif isinstance(evt, Evict):
-            summary.evictions += 1
-            summary.evicted_nodes += len(evt.nodes)
-            nodes = before.nodes
-            summary.evicted_tokens += sum(len(nodes[n].key) for n in evt.nodes if n in nodes)
-        elif isinstance(evt, BlockHold):
-            summary.block_hits += sum(1 for page in evt.pages if page)  # page 0 pads, not a hit
-        elif isinstance(evt, BlockAlloc):
-            summary.blocks_allocated += len(evt.pages)
-        elif isinstance(evt, BlockUncache):
-            summary.blocks_uncached += len(evt.pages)
-
-
 def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
            checker: Checker = check, verify: bool = True, on_event: EventHook | None = None,
            on_progress: Callable[[int, int], None] | None = None,
@@ -210,8 +162,7 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
             state = run_transient(reader, result, state, check_every, until,  # type: ignore[arg-type]
                                   checker, verify, on_progress, progress_every)
         else:
-            stats = _Stats(summary, header.geometry.num_pages)
-            state = _run(reader, result, stats, state, applier(header), check_every, until,
+            state = _run(reader, result, state, applier(header), check_every, until,
                          with_host_checks(checker), verify, on_event, on_progress, progress_every)
     result.state = state
     summary.seconds = time.perf_counter() - started
@@ -220,7 +171,7 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
     return result
 
 
-def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: ReplayState,
+def _run(reader: LogReader, result: ReplayResult, state: ReplayState,
          apply: Applier, check_every: int, until: int | None,
          checker: Callable[[ReplayState], list[Violation]], verify: bool,
          on_event: EventHook | None, on_progress: Callable[[int, int], None] | None,
@@ -228,9 +179,8 @@ def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: ReplaySt
     summary = result.summary
     index = 0
     last_checked = 0
-    # one observer for the whole run: a plain log pays no per-event tier test
-    observe: Callable[[Any, Event, Any], None] = (
-        stats.observe_tiered if isinstance(state, TieredState) else stats.observe)
+    num_pages = core_of(state).geometry.num_pages
+    pending: set[Any] = set()  # requests still waiting for their first allocation
     last: Event | None = None
     try:
         for offset, item in reader.records():
@@ -238,6 +188,7 @@ def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: ReplaySt
                 if until is not None and index >= until:
                     result.stopped_early = True
                     break
+                measure = measure_before(core_of(state), item)
                 try:
                     after = apply(state, item)
                 except InvalidEvent as exc:
@@ -245,7 +196,8 @@ def _run(reader: LogReader, result: ReplayResult, stats: _Stats, state: ReplaySt
                     result.failure = ReplayFailure("invalid_event", exc.precondition, index, item,
                                                    "reducer", offset)
                     return state
-                observe(state, item, after)
+                count_after(summary, pending, item, measure,
+                            num_pages - len(core_of(after).free_pages))
                 state = after
                 last = item
                 index += 1

@@ -67,39 +67,29 @@ class TransientApplier:
 
     def __init__(self, state: State) -> None:
         self.rules = rules_for(state.geometry.mode)
-        self._ts = thaw(state)
+        # The live mutable state: read it, never write it (the rules own it).  A fallback
+        # replaces it with a fresh one, so re-read it after ``apply``.
+        self.transient: TransientState = thaw(state)
         self._frozen = state  # valid while its seq equals the transient's
         self.fallbacks = 0  # events the pure reducer applied (declined by a transient rule)
 
     @property
-    def transient(self) -> TransientState:
-        """The live mutable state: read it, never write it (the rules own it).
-
-        A fallback replaces it with a fresh one, so re-read it after ``apply``.
-        """
-        return self._ts
-
-    @property
     def seq(self) -> int:
-        return self._ts.seq
+        return self.transient.seq
 
     def apply(self, event: ev.Event) -> None:
         """Apply one event; raises ``InvalidEvent`` (state unchanged) like ``reducer.apply``."""
         rule = self.rules.get(type(event))
-        if rule is not None and rule(self._ts, event):
-            self._ts.seq += 1
+        if rule is not None and rule(self.transient, event):
+            self.transient.seq += 1
             return
-        self.apply_declined(event)
-
-    def apply_declined(self, event: ev.Event) -> None:
-        """Apply through the pure reducer (for an event no transient rule took)."""
-        self.fallbacks += 1
+        self.fallbacks += 1  # a rule declined: the pure reducer decides, on a frozen copy
         after = pure_apply(self.state(), event)  # raises for an invalid event; nothing changed
-        self._ts = thaw(after)
+        self.transient = thaw(after)
         self._frozen = after
 
     def state(self) -> State:
         """The current state, frozen (cached until the next ``apply``)."""
-        if self._frozen.seq != self._ts.seq:
-            self._frozen = freeze(self._ts)
+        if self._frozen.seq != self.transient.seq:
+            self._frozen = freeze(self.transient)
         return self._frozen
