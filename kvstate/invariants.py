@@ -9,7 +9,7 @@ refer to them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -27,14 +27,30 @@ class Violation:
 
 Check = Callable[[State], Iterator[str]]
 CHECKS: dict[str, Check] = {}
+F = TypeVar("F", bound=Callable[..., Iterator[str]])
 
 
-def _named(name: str) -> Callable[[Check], Check]:
-    def register(fn: Check) -> Check:
-        CHECKS[name] = fn
-        return fn
+def registrar(table: dict[str, F]) -> Callable[[str], Callable[[F], F]]:
+    """A decorator factory that files a check under its name in ``table`` (import time only)."""
 
-    return register
+    def named(name: str) -> Callable[[F], F]:
+        def register(fn: F) -> F:
+            table[name] = fn
+            return fn
+
+        return register
+
+    return named
+
+
+def run_checks(table: dict[str, F], state: Any, names: tuple[str, ...] | None = None
+               ) -> list[Violation]:
+    """Run the named checks of ``table`` (all by default); every violation found, in order."""
+    selected = table if names is None else {n: table[n] for n in names}
+    return [Violation(name, message) for name, fn in selected.items() for message in fn(state)]
+
+
+_named = registrar(CHECKS)
 
 
 @_named("conservation")
@@ -267,5 +283,4 @@ def _block_holders(state: State, page: int, held: tuple[RequestId, ...]) -> Iter
 
 def check(state: State, names: tuple[str, ...] | None = None) -> list[Violation]:
     """Run the named checks (all by default) and return every violation found."""
-    selected = CHECKS if names is None else {n: CHECKS[n] for n in names}
-    return [Violation(name, message) for name, fn in selected.items() for message in fn(state)]
+    return run_checks(CHECKS, state, names)

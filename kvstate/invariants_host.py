@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from kvstate.invariants import Violation
+from kvstate.invariants import Violation, registrar, run_checks
 from kvstate.state import ROOT
 from kvstate.state_host import TieredState
 
@@ -26,12 +26,7 @@ HostCheck = Callable[[TieredState], Iterator[str]]
 HOST_CHECKS: dict[str, HostCheck] = {}
 
 
-def _named(name: str) -> Callable[[HostCheck], HostCheck]:
-    def register(fn: HostCheck) -> HostCheck:
-        HOST_CHECKS[name] = fn
-        return fn
-
-    return register
+_named = registrar(HOST_CHECKS)
 
 
 @_named("host_owned_once")
@@ -97,5 +92,4 @@ def _keeps_key(state: TieredState) -> Iterator[str]:
 
 def check_host(state: TieredState, names: tuple[str, ...] | None = None) -> list[Violation]:
     """Run the named host checks (all by default); every violation found, in check order."""
-    selected = HOST_CHECKS if names is None else {n: HOST_CHECKS[n] for n in names}
-    return [Violation(name, message) for name, fn in selected.items() for message in fn(state)]
+    return run_checks(HOST_CHECKS, state, names)

@@ -23,7 +23,7 @@ from kvstate.events import (
 from kvstate.events_host import HostFree, Load, Offload
 from kvstate.executor import HostPool, TorchExecutor, enable_integrity
 from kvstate.invariants import check
-from kvstate.invariants_host import check_host as named_host_checks
+from kvstate.invariants_host import check_host
 from kvstate.planner.host import (
     WRITE_BACK,
     WRITE_THROUGH,
@@ -37,7 +37,7 @@ from kvstate.planner.host import (
 )
 from kvstate.planner.requests import RequestCursor, plan_release
 from kvstate.reducer import apply
-from kvstate.reducer.host import apply_tiered, check_host
+from kvstate.reducer.host import apply_tiered
 from kvstate.state import ROOT, initial_state
 from kvstate.state_host import TieredState, tiered
 
@@ -314,7 +314,7 @@ class HostTierMachine(RuleBasedStateMachine):
     def consistent(self):
         assert self.executor.tiered_state == self.state
         assert check(self.state.core) == []
-        assert named_host_checks(self.state) == []
+        assert check_host(self.state) == []
         report = self.monitor.verify()
         assert report.ok, str(report)
 

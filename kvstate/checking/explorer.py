@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -111,6 +111,17 @@ def _rebuild(level: Level, indices: list[int]) -> tuple[Step, ...]:
     return tuple(path)
 
 
+def path_to(parent: Mapping[bytes, tuple[Any, ...]], fp: bytes) -> list[int]:
+    """Step indices from the initial world to ``fp``; ``parent[fp]`` starts ``(parent fp, index)``."""
+    indices: list[int] = []
+    while True:
+        up, index = parent[fp][:2]
+        if up is None:
+            return list(reversed(indices))
+        indices.append(index)
+        fp = up
+
+
 def fail_report(level: Level, report: Report, indices: list[int], found: list[tuple[str, str]],
                 unique_states: int, started: float, cpu_started: float) -> Report:
     """Finish ``report`` with the violation reached by step ``indices`` from the initial world.
@@ -144,15 +155,6 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
     parent: dict[bytes, tuple[bytes | None, int, tuple[Any, ...]]] = {init_fp: (None, -1, ())}
     frontier: deque[tuple[Any, bytes, int]] = deque([(init, init_fp, 0)])
 
-    def path_to(fp: bytes) -> list[int]:
-        indices: list[int] = []
-        while True:
-            up, index, _ = parent[fp]
-            if up is None:
-                return list(reversed(indices))
-            indices.append(index)
-            fp = up
-
     def fail(indices: list[int], found: list[tuple[str, str]]) -> Report:
         return fail_report(level, report, indices, found, len(parent), started, cpu_started)
 
@@ -168,7 +170,7 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
         for index, step in enumerate(level.expand(world)):
             report.edges += 1
             if step.violations:
-                return fail(path_to(fp) + [index], list(step.violations))
+                return fail(path_to(parent, fp) + [index], list(step.violations))
             if pending:
                 _probes(level, world, step, previous, pending, hits)
             child_fp = level.view(step.world)
@@ -177,7 +179,7 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
             parent[child_fp] = (fp, index, step.events)
             found = _always(level, step.world)
             if found:
-                return fail(path_to(child_fp), found)
+                return fail(path_to(parent, child_fp), found)
             frontier.append((step.world, child_fp, depth + 1))
             if state_limit is not None and len(parent) >= state_limit:
                 report.complete = False
@@ -211,15 +213,10 @@ def random_walks(level: Level, *, walks: int, depth: int, seed: int = 0,
         for _step in range(depth):
             steps = list(level.expand(world))
             report.edges += len(steps)
-            for step in steps:
+            for position, step in enumerate(steps):
                 if step.violations:
-                    bad = indices + [steps.index(step)]
-                    report.violation = Violation(tuple(dict.fromkeys(n for n, _ in step.violations)),
-                                                 tuple(m for _, m in step.violations),
-                                                 _rebuild(level, bad))
-                    report.seconds = time.perf_counter() - started
-                    report.unique_states = len(seen)
-                    return report
+                    return fail_report(level, report, [*indices, position], list(step.violations),
+                                       len(seen), started, cpu_started)
             live = [i for i, s in enumerate(steps) if s.world is not None]
             if not live:
                 break
@@ -233,9 +230,8 @@ def random_walks(level: Level, *, walks: int, depth: int, seed: int = 0,
                 seen.add(fp)
                 found = _always(level, step.world)
                 if found:
-                    report.violation = Violation(tuple(dict.fromkeys(n for n, _ in found)),
-                                                 tuple(m for _, m in found), _rebuild(level, indices))
-                    break
+                    return fail_report(level, report, indices, found, len(seen), started,
+                                       cpu_started)
             world, previous = step.world, step.events
             report.max_depth = max(report.max_depth, len(indices))
     report.seconds = time.perf_counter() - started

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from kvstate.checking.explorer import Report, _always, _probes, fail_report
+from kvstate.checking.explorer import Report, _always, _probes, fail_report, path_to
 from kvstate.checking.levels import Level
 
 Edge = tuple[bytes, int, bytes]  # parent fp, step index, child fp
@@ -161,15 +161,6 @@ def explore_parallel(level: Level, *, workers: int = 2, max_depth: int | None = 
         pipes.append(here)
         processes.append(process)
 
-    def path_to(fp: bytes) -> list[int]:
-        indices: list[int] = []
-        while True:
-            up, index = parent[fp]
-            if up is None:
-                return list(reversed(indices))
-            indices.append(index)
-            fp = up
-
     # Every worker starts holding the initial world; worker 0 is its owner.
     frontier: list[list[bytes]] = [[init_fp]] + [[] for _ in range(workers - 1)]
     incoming: list[list[tuple[bytes, bytes]]] = [[] for _ in range(workers)]
@@ -190,7 +181,7 @@ def explore_parallel(level: Level, *, workers: int = 2, max_depth: int | None = 
                 for failure, count, found_hits, _edges in answers:
                     report.edges += count
                     if failure is not None:
-                        return _fail(level, report, parent, path_to, failure, started, cpu_started)
+                        return _fail(level, report, parent, failure, started, cpu_started)
                     hits.update((name, 1) for name in found_hits if name in pending)
                 pending = [name for name in pending if name not in hits]
                 cut = _admit(answers, parent, made, state_limit)
@@ -206,7 +197,7 @@ def explore_parallel(level: Level, *, workers: int = 2, max_depth: int | None = 
                     pipe.send(("expand", fps, [], False, []))
                 for failure, *_ in (_receive(pipe) for pipe in pipes):
                     if failure is not None:
-                        return _fail(level, report, parent, path_to, failure, started, cpu_started)
+                        return _fail(level, report, parent, failure, started, cpu_started)
                 report.complete = False
                 break
             frontier, moves = _balance(made)
@@ -242,14 +233,14 @@ def _receive(pipe: Connection) -> Any:
     return answer
 
 
-def _fail(level: Level, report: Report, parent: dict[bytes, Any], path_to: Any,
+def _fail(level: Level, report: Report, parent: dict[bytes, Any],
           failure: tuple[Any, ...], started: float, cpu_started: float) -> Report:
     if failure[0] == "always":
         _, fp, found = failure
-        indices = path_to(fp)
+        indices = path_to(parent, fp)
     else:
         _, fp, index, found = failure
-        indices = path_to(fp) + [index]
+        indices = path_to(parent, fp) + [index]
     return fail_report(level, report, indices, found, len(parent), started, cpu_started)
 
 

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from kvstate.log.diff import diff_logs
+from kvstate.log.diff import diff_logs, shorten
 from kvstate.log.format import LogFormatError
 from kvstate.log.reader import LogReader
 
@@ -26,11 +26,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("b", metavar="B", help="second log")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
-
-
-def _short(value: Any, limit: int = 200) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 4] + " ..."
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"same {result.events_a} events")
     else:
         print(f"first event divergence at event #{result.event_index}:")
-        print(f"  A: {_short(result.event_a)}" if result.event_a is not None else "  A: (log ended)")
-        print(f"  B: {_short(result.event_b)}" if result.event_b is not None else "  B: (log ended)")
+        print(f"  A: {shorten(result.event_a, 200)}" if result.event_a is not None else "  A: (log ended)")
+        print(f"  B: {shorten(result.event_b, 200)}" if result.event_b is not None else "  B: (log ended)")
     if result.state_index is None:
         print("states never differ")
     elif result.state_index < 0:

@@ -162,12 +162,9 @@ def project(events: Sequence[Event], request: Any, start: int, stop: int,
     out = list(events[:start])
     for evt in events[start:stop + 1]:
         if isinstance(evt, Allocate) and evt.items and any(i[0] == request for i in evt.items):
-            kept = tuple(i for i in evt.items if i[0] != request)
-            if not kept:
-                continue
-            mine = {slot // page_size for i in evt.items if i[0] == request for slot in i[1]}
-            theirs = {slot // page_size for i in kept for slot in i[1]}
-            out.append(Allocate(tuple(p for p in evt.pages if p not in mine or p in theirs), kept))
+            kept = [index for index, item in enumerate(evt.items) if item[0] != request]
+            if kept:
+                out.append(_keep(evt, kept, page_size))
             continue
         projected = _without_request(evt, request)
         if projected is not None:
@@ -213,8 +210,12 @@ def _keep(evt: Event, kept: list[int], page_size: int) -> Event:
     if not evt.items:
         return Allocate(tuple(evt.pages[i] for i in kept))
     items = tuple(evt.items[i] for i in kept)
-    used = {slot // page_size for _, slots in items for slot in slots}
-    return Allocate(tuple(page for page in evt.pages if page in used), items)
+    # drop the pages only the dropped items start (a page no item uses stays, as it was)
+    theirs = {slot // page_size for _, slots in items for slot in slots}
+    keep = set(kept)
+    dropped = {slot // page_size for i, (_, slots) in enumerate(evt.items) if i not in keep
+               for slot in slots}
+    return Allocate(tuple(p for p in evt.pages if p not in dropped or p in theirs), items)
 
 
 def batch_reductions(evt: Event, page_size: int) -> list[Event]:

@@ -71,12 +71,13 @@ def describe_state_difference(a: State, b: State) -> str | None:
         if isinstance(va, list) and isinstance(vb, list):
             for position, (xa, xb) in enumerate(zip_longest(va, vb)):
                 if xa != xb:
-                    return f"{name}: entry {position} is {_short(xa)} in A, {_short(xb)} in B"
-        return f"{name}: {_short(va)} in A, {_short(vb)} in B"
+                    return f"{name}: entry {position} is {shorten(xa)} in A, {shorten(xb)} in B"
+        return f"{name}: {shorten(va)} in A, {shorten(vb)} in B"
     return None
 
 
-def _short(value: Any, limit: int = 160) -> str:
+def shorten(value: Any, limit: int = 160) -> str:
+    """``repr(value)`` cut to ``limit`` characters (``(missing)`` for None)."""
     text = "(missing)" if value is None else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable
-from operator import attrgetter
 from typing import Any
 
 import attrs
@@ -163,21 +162,6 @@ def unpack_body(body: bytes | memoryview, offset: int) -> Any:
 
 
 # -- encoding -------------------------------------------------------------------
-def _getter(cls: type[Event]) -> Callable[[Event], tuple[Any, ...]]:
-    names = [f.name for f in attrs.fields(cls)]  # type: ignore[arg-type]
-    if not names:
-        return lambda evt: ()
-    if len(names) == 1:
-        single = attrgetter(names[0])
-        return lambda evt: (single(evt),)
-    return attrgetter(*names)  # type: ignore[return-value]
-
-
-_FIELD_GETTERS: dict[type[Event], Callable[[Event], tuple[Any, ...]]] = {
-    cls: _getter(cls) for cls in EVENT_TYPES.values()
-}
-
-
 def make_encoders(pack: Callable[[Any], bytes]) -> dict[type[Event], Callable[[Event], bytes]]:
     """One generated function per event type: ``evt -> pack((tag, version, *fields))``.
 
@@ -193,15 +177,6 @@ def make_encoders(pack: Callable[[Any], bytes]) -> dict[type[Event], Callable[[E
         exec(source, env)  # noqa: S102 - generated from our own attrs schema
         encoders[cls] = env["encode"]
     return encoders
-
-
-def event_body(packer: msgpack.Packer, evt: Event) -> bytes:
-    """``[tag, version, *fields]`` packed (tuples pack as msgpack arrays)."""
-    cls = type(evt)
-    getter = _FIELD_GETTERS.get(cls)
-    if getter is None:
-        getter = _FIELD_GETTERS[cls] = _getter(cls)
-    return packer.pack((cls.TAG, cls.VERSION, *getter(evt)))
 
 
 def checkpoint_body(packer: msgpack.Packer, seq: int, fingerprint: bytes) -> bytes:

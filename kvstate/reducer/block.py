@@ -251,8 +251,7 @@ def resolve_cache_path(nodes: Mapping[int, _WithChildren], next_node_id: int, ev
 
 @handles(BlockCache)
 def block_cache(state: State, event: BlockCache) -> State:
-    if state.geometry.mode != "block":
-        _require_block(state, "BlockCache")
+    _require_block(state, "BlockCache")
     nodes = state.nodes
     if event.parent not in nodes:
         raise Reject(f"unknown tree node {event.parent}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from immutables import Map
@@ -62,16 +62,56 @@ def adjust_tree_refs(
     tree_refs: Map[int, int], pages: Iterable[int], delta: int
 ) -> Map[int, int]:
     """Add ``delta`` to the unheld-reference count of each page (dropping zeros)."""
+    if not pages:  # the usual case for a list: nothing to rebuild
+        return tree_refs
     with tree_refs.mutate() as out:
         bump_counts(out, pages, delta)
         result = out.finish()
     return result
 
 
-def unheld_tree_pages(state: State, request_id: RequestId, pages: Iterable[int]) -> list[int]:
+class _PageTables(Protocol):
+    """What the helpers below read: a frozen ``State`` or a ``TransientState``."""
+
+    @property
+    def page_node(self) -> Container[int]: ...
+    @property
+    def holders(self) -> Mapping[int, tuple[RequestId, ...]]: ...
+
+
+def unheld_tree_pages(state: _PageTables, request_id: RequestId, pages: Iterable[int]) -> list[int]:
     """Those of ``pages`` that are tree pages ``request_id`` maps without holding."""
     page_node, holders = state.page_node, state.holders
     return [p for p in pages if p in page_node and request_id not in holders.get(p, ())]
+
+
+class _Holders(Protocol):
+    def get(self, key: int, /) -> tuple[RequestId, ...] | None: ...
+    def __setitem__(self, key: int, value: tuple[RequestId, ...], /) -> None: ...
+    def __delitem__(self, key: int, /) -> None: ...
+
+
+def drop_holds(holders: _Holders, page_node: Container[int], request_id: RequestId,
+               pages: Iterable[int]) -> None:
+    """Drop ``request_id``'s hold on ``pages`` in place (a dict or a map mutation).
+
+    A page left with no holder becomes DETACHED unless the tree holds it; pages
+    the request references but does not hold (tree pages) are skipped.
+    Shared by the reducer and the transient rules.
+    """
+    for page in pages:
+        held = holders.get(page)
+        if held is None or request_id not in held:
+            continue
+        if len(held) > 1:  # the usual single holder needs no new tuple
+            rest = tuple(h for h in held if h != request_id)
+            if rest:
+                holders[page] = rest
+                continue
+        if page in page_node:
+            del holders[page]
+        else:
+            holders[page] = (DETACHED,)
 
 
 def release_holds(
@@ -80,21 +120,8 @@ def release_holds(
     request_id: RequestId,
     pages: Iterable[int],
 ) -> Map[int, tuple[RequestId, ...]]:
-    """Drop ``request_id``'s hold on ``pages``; a page left with no holder becomes DETACHED.
-
-    Pages the request references but does not hold (tree pages) are skipped.
-    """
+    """``drop_holds`` on a persistent map: the new map."""
     with holders.mutate() as out:
-        for page in pages:
-            held = out.get(page)
-            if held is None or request_id not in held:
-                continue
-            rest = tuple(h for h in held if h != request_id)
-            if rest:
-                out[page] = rest
-            elif page in page_node:
-                del out[page]
-            else:
-                out[page] = (DETACHED,)
+        drop_holds(out, page_node, request_id, pages)
         result = out.finish()
     return result

@@ -132,15 +132,13 @@ def load(state: TieredState, event: Event) -> TieredState:
         event.node: node,
     })
     page_node = core.page_node.update({page: event.node for page in event.pages})
-    changes: dict[str, object] = {}
-    leaves = getattr(core, "leaves", None)  # the core's derived evictable-leaf index, if present
-    if leaves is not None:
-        if record.parent in leaves:
-            leaves = leaves.delete(record.parent)
-        changes["leaves"] = leaves.set(event.node, None)
+    leaves = core.leaves  # the loaded node is an unlocked leaf; its parent no longer is
+    if record.parent in leaves:
+        leaves = leaves.delete(record.parent)
     new_core = core.with_changes(nodes=nodes, page_node=page_node,
                                  free_pages=core.free_pages.take(event.pages), clock=event.time,
-                                 evictable_size=core.evictable_size + len(record.key), **changes)
+                                 evictable_size=core.evictable_size + len(record.key),
+                                 leaves=leaves.set(event.node, None))
     new_host = _evolve(host, evicted=host.evicted.delete(event.node),
                        evicted_children=host.evicted_children.delete((record.parent, child_key)))
     return TieredState(new_core, new_host)
@@ -238,8 +236,3 @@ def _evolve(host: HostTier, **changes: object) -> HostTier:
 
 
 # -- invariants ------------------------------------------------------------------------------
-def check_host(state: TieredState) -> list[str]:
-    """The host-tier invariants' messages (``kvstate.invariants_host`` names them)."""
-    from kvstate.invariants_host import check_host as named
-
-    return [violation.message for violation in named(state)]

@@ -12,6 +12,11 @@ DETACHED pages back, so every move of a page is visible in the event stream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from immutables import Map
+
 from kvstate.events import Allocate, Append, Assign, Copy, Free, Share, Truncate
 from kvstate.reducer import Reject, handles
 from kvstate.reducer.common import (
@@ -22,7 +27,7 @@ from kvstate.reducer.common import (
     release_holds,
     unheld_tree_pages,
 )
-from kvstate.state import DETACHED, Request, State, expand_pages
+from kvstate.state import DETACHED, Request, RequestId, State, expand_pages
 
 
 @handles(Allocate)
@@ -62,10 +67,7 @@ def allocate(state: State, event: Allocate) -> State:
             offset = position % size
             if offset and len(slots) == 1:
                 # Decode fast path: one token continuing the request's own partial page.
-                partial = record.pages[-1]
-                if holders_get(partial) != (request_id,) or partial in page_node:
-                    raise Reject(f"request {request_id!r} must hold its partial page {partial} "
-                                 "alone to append into it (shared pages need copy-on-write)")
+                partial = _own_partial_page(holders_get, page_node, request_id, record)
                 if slots[0] != partial * size + offset:
                     _explain_slots(slots, (partial * size + offset,), position, size)
                 out_requests[request_id] = Request(record.pages, position + 1, record.committed)
@@ -73,10 +75,7 @@ def allocate(state: State, event: Allocate) -> State:
             head = (size - offset) % size  # slots that continue the current partial page
             new_pages = [slot // size for slot in slots[head::size]]
             if head:
-                partial = record.pages[-1]
-                if state.holders.get(partial) != (request_id,) or partial in state.page_node:
-                    raise Reject(f"request {request_id!r} must hold its partial page {partial} "
-                                 "alone to append into it (shared pages need copy-on-write)")
+                partial = _own_partial_page(holders_get, page_node, request_id, record)
                 first_slot = partial * size + offset
                 continues = slots[:head]
                 if continues[0] != first_slot or (
@@ -98,6 +97,16 @@ def allocate(state: State, event: Allocate) -> State:
         requests = out_requests.finish()
     return state.with_changes(free_pages=free_pages.take(pages), holders=holders,
                               requests=requests)
+
+
+def _own_partial_page(holders_get: Callable[[int], Any], page_node: Map[int, int],
+                      request_id: RequestId, record: Request) -> int:
+    """The request's partial last page; it must hold it alone, outside the tree."""
+    partial = record.pages[-1]
+    if holders_get(partial) != (request_id,) or partial in page_node:
+        raise Reject(f"request {request_id!r} must hold its partial page {partial} "
+                     "alone to append into it (shared pages need copy-on-write)")
+    return int(partial)
 
 
 def _explain_slots(slots: tuple[int, ...], expected: tuple[int, ...], position: int, size: int) -> None:

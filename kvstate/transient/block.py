@@ -2,7 +2,8 @@
 
 Same contract as the other transient rules: check everything first, then
 mutate ``ts`` in place; ``False`` leaves it untouched and sends the event to
-the pure reducer.  Page life cycle (vLLM V1)::
+the pure reducer.  These rules are only registered for block-mode states
+(``rules_for``), so they need no mode check of their own.  Page life cycle (vLLM V1)::
 
     free (queued, no holder) --BlockAlloc--> held --BlockRelease--> free
       ^                                      |  ^      (head if uncached, tail if cached)
@@ -46,8 +47,6 @@ def _extend_table(ts: TransientState, request_id: RequestId, pages: tuple[int, .
 
 
 def block_alloc(ts: TransientState, event: BlockAlloc) -> bool:
-    if ts.geometry.mode != "block":
-        return False
     is_request = _holder_kind(ts, event.holder)
     pages = event.pages
     if is_request is None:
@@ -72,8 +71,6 @@ def block_alloc(ts: TransientState, event: BlockAlloc) -> bool:
 
 
 def block_hold(ts: TransientState, event: BlockHold) -> bool:
-    if ts.geometry.mode != "block":
-        return False
     holder, pages = event.holder, event.pages
     is_request = _holder_kind(ts, holder)
     if is_request is None:
@@ -110,8 +107,6 @@ def block_hold(ts: TransientState, event: BlockHold) -> bool:
 
 
 def block_release(ts: TransientState, event: BlockRelease) -> bool:
-    if ts.geometry.mode != "block":
-        return False
     holder = event.holder
     is_request = _holder_kind(ts, holder)
     real = [page for page in event.pages if page != 0]
@@ -151,8 +146,7 @@ def block_release(ts: TransientState, event: BlockRelease) -> bool:
 def block_cache(ts: TransientState, event: BlockCache) -> bool:
     nodes = ts.nodes
     entries, stored_from = event.entries, event.stored_from
-    if ts.geometry.mode != "block" or event.parent not in nodes \
-            or not 0 <= stored_from <= len(entries):
+    if event.parent not in nodes or not 0 <= stored_from <= len(entries):
         return False
     size, page_node = ts.geometry.page_size, ts.page_node
     try:
@@ -208,8 +202,7 @@ def _prune(ts: TransientState, node_id: int) -> int:
 def block_uncache(ts: TransientState, event: BlockUncache) -> bool:
     pages, node_ids = event.pages, event.nodes
     page_node = ts.page_node
-    if ts.geometry.mode != "block" or len(pages) != len(node_ids) \
-            or len(set(pages)) != len(pages):
+    if len(pages) != len(node_ids) or len(set(pages)) != len(pages):
         return False
     if any(page_node.get(page) != node_id for page, node_id in zip(pages, node_ids, strict=True)):
         return False
@@ -225,8 +218,6 @@ def block_uncache(ts: TransientState, event: BlockUncache) -> bool:
 
 
 def block_clear(ts: TransientState, event: BlockClear) -> bool:
-    if ts.geometry.mode != "block":
-        return False
     root = ts.nodes[ROOT]
     root.children = {}
     root.below = 0

@@ -13,7 +13,7 @@ place and return ``True``.  Token range ownership is the pure reducer's::
 from __future__ import annotations
 
 from kvstate.events import Allocate, Append, Assign, Copy, Free, Share, Truncate
-from kvstate.reducer.common import bump_counts
+from kvstate.reducer.common import bump_counts, drop_holds, unheld_tree_pages
 from kvstate.state import DETACHED, RequestId, expand_pages
 from kvstate.transient.state import TransientState, TRequest
 
@@ -108,29 +108,6 @@ def append(ts: TransientState, event: Append) -> bool:
     return True
 
 
-def unheld_tree_pages(ts: TransientState, request_id: RequestId, pages: list[int]) -> list[int]:
-    page_node, holders = ts.page_node, ts.holders
-    return [p for p in pages if p in page_node and request_id not in holders.get(p, ())]
-
-
-def release_holds(ts: TransientState, request_id: RequestId, pages: list[int]) -> None:
-    """Drop ``request_id``'s holds on ``pages``; an unheld non-tree page becomes DETACHED."""
-    holders, page_node = ts.holders, ts.page_node
-    for page in pages:
-        held = holders.get(page)
-        if held is None or request_id not in held:
-            continue
-        if len(held) > 1:
-            rest = tuple(h for h in held if h != request_id)
-            if rest:
-                holders[page] = rest
-                continue
-        if page in page_node:
-            del holders[page]
-        else:
-            holders[page] = (DETACHED,)
-
-
 def assign(ts: TransientState, event: Assign) -> bool:
     request_id, start, slots = event.request, event.start, event.slots
     record = ts.requests.get(request_id)
@@ -147,14 +124,12 @@ def assign(ts: TransientState, event: Assign) -> bool:
     written = [slots[max(index * size, start) - start] // size for index in range(first, last + 1)]
     if expand_pages(written, size)[start - first * size: stop - first * size] != slots:
         return False
-    if len(set(written)) != len(written):
-        return False
     old_pages = record.pages
+    if len(set(written)) != len(written) \
+            or (set(old_pages[:first]) | set(old_pages[last + 1:])).intersection(written):
+        return False  # a page would appear twice in the table
     if old_pages[first: last + 1] == written:
-        # Rewriting the pages already there (the row rebind after an insert): only the
-        # "no page twice in the table" check can still fail, and only lengths change.
-        if (set(old_pages[:first]) | set(old_pages[last + 1:])).intersection(written):
-            return False
+        # Rewriting the pages already there (the row rebind after an insert): only lengths change.
         record.allocated = allocated
         record.committed = min(record.committed, allocated)
         return True
@@ -165,11 +140,6 @@ def assign(ts: TransientState, event: Assign) -> bool:
             if old_pages[index] != written[index - first] and not covers_page:
                 return False
     replaced = old_pages[first: last + 1]
-    if replaced:
-        if (set(old_pages[:first]) | set(old_pages[last + 1:])).intersection(written):
-            return False
-    elif set(old_pages).intersection(written):  # appending: only the old table can clash
-        return False
     holders, page_node = ts.holders, ts.page_node
     before, kept = set(replaced), set(written)
     claimed = []
@@ -193,11 +163,8 @@ def assign(ts: TransientState, event: Assign) -> bool:
     bump_counts(ts.tree_refs, unreferenced, -1)
     for page in claimed:
         holders[page] = (request_id,)
-    release_holds(ts, request_id, dropped)
-    if replaced:
-        record.pages = [*old_pages[:first], *written, *old_pages[last + 1:]]
-    else:
-        old_pages.extend(written)
+    drop_holds(ts.holders, ts.page_node, request_id, dropped)
+    record.pages = [*old_pages[:first], *written, *old_pages[last + 1:]]
     record.allocated = allocated
     record.committed = min(record.committed, allocated)
     return True
@@ -212,7 +179,7 @@ def truncate(ts: TransientState, event: Truncate) -> bool:
     kept = set(kept_pages)
     dropped = [p for p in record.pages[keep:] if p not in kept]
     bump_counts(ts.tree_refs, unheld_tree_pages(ts, event.request, dropped), -1)
-    release_holds(ts, event.request, dropped)
+    drop_holds(ts.holders, ts.page_node, event.request, dropped)
     record.pages = kept_pages
     record.allocated = event.length
     record.committed = min(record.committed, event.length)

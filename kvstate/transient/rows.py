@@ -7,8 +7,7 @@ goes through the pure reducer (see ``TransientApplier``).
 from __future__ import annotations
 
 from kvstate.events import ReqAlloc, ReqFree
-from kvstate.reducer.common import bump_counts
-from kvstate.transient.pages import release_holds, unheld_tree_pages
+from kvstate.reducer.common import bump_counts, drop_holds, unheld_tree_pages
 from kvstate.transient.state import TransientState, TRequest
 
 
@@ -38,7 +37,7 @@ def req_free(ts: TransientState, event: ReqFree) -> bool:
     for request_id in request_ids:
         table = requests.pop(request_id).pages
         bump_counts(ts.tree_refs, unheld_tree_pages(ts, request_id, table), -1)
-        release_holds(ts, request_id, table)
+        drop_holds(ts.holders, ts.page_node, request_id, table)
     # Rows go back on top of the stack in the order given: the last one is reused first.
     ts.free_rows.push_head([r for r in reversed(request_ids) if not isinstance(r, str)])
     return True

@@ -16,17 +16,13 @@ from kvstate.state import DETACHED, ROOT, expand_pages
 from kvstate.transient.state import TNode, TransientState
 
 
-def _child_key(page_size: int, key: tuple[int, ...]) -> object:
-    return key[0] if page_size == 1 else tuple(key[:page_size])
-
-
 def insert(ts: TransientState, event: Insert) -> bool:
     parent = ts.nodes.get(event.parent)
     key, slots, size = event.key, event.slots, ts.geometry.page_size
     if (parent is None or event.node != ts.next_node_id or event.time < ts.clock or not key
             or len(slots) != len(key) or len(key) % size):
         return False
-    child_key = _child_key(size, key)
+    child_key = ts.geometry.child_key(key)
     if child_key in parent.children:
         return False
     pages = [slot // size for slot in slots[::size]]
@@ -65,10 +61,10 @@ def split(ts: TransientState, event: Split) -> bool:
             or event.time < ts.clock or at <= 0 or at >= len(node.key) or at % size):
         return False
     key, cut = node.key, at // size
-    top = TNode(node.parent, key[:at], node.pages[:cut], {_child_key(size, key[at:]): event.node},
+    top = TNode(node.parent, key[:at], node.pages[:cut], {ts.geometry.child_key(key[at:]): event.node},
                 node.lock_ref, event.time, None, node.lock_ref)
     parent = ts.nodes[node.parent]
-    parent.children[_child_key(size, key)] = event.new_node
+    parent.children[ts.geometry.child_key(key)] = event.new_node
     parent.frozen = node.frozen = None
     page_node = ts.page_node
     for page in top.pages:
@@ -161,14 +157,13 @@ def evict(ts: TransientState, event: Evict) -> bool:
         if any(page in tree_refs for page in node.pages):
             return False
         gone.add(node_id)
-    size = ts.geometry.page_size
     page_node, holders, leaves = ts.page_node, ts.holders, ts.leaves
     queue = ts.free_pages
     evicted_tokens = 0
     for node_id in order:
         node = nodes.pop(node_id)
         parent = nodes[node.parent]
-        del parent.children[_child_key(size, node.key)]
+        del parent.children[ts.geometry.child_key(node.key)]
         parent.frozen = None
         leaves.pop(node_id, None)
         if node.parent != ROOT and parent.lock_ref == 0 and not parent.children:
