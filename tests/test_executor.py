@@ -11,7 +11,6 @@ from kvstate import Engine, Geometry, ModelConfig
 from kvstate.errors import InvalidEvent
 from kvstate.events import Allocate, Assign, Copy, Free, ReqAlloc, ReqFree, Share
 from kvstate.executor import (
-    HostPool,
     MLAConfig,
     MLATorchExecutor,
     TorchExecutor,
@@ -117,15 +116,6 @@ def test_copy_event_copies_whole_pages_in_every_layer():
     for layer in range(2):
         assert torch.equal(executor.k_buffer[layer][6:8], executor.k_buffer[layer][4:6])
         assert torch.equal(executor.v_buffer[layer][6:8], -data)
-
-
-def test_copy_rows_gathers_when_runs_are_many():
-    executor = TorchExecutor(CONFIG, 600, 1, device="cpu")
-    src = list(range(1, 600, 2))
-    dst = list(range(2, 601, 2))
-    executor._k[:, src] = torch.randn(2, len(src), 2, 8).half()
-    executor.copy_slots(src, dst)
-    assert torch.equal(executor._k[:, dst], executor._k[:, src])
 
 
 def test_plan_is_plain_index_lists():
@@ -457,21 +447,6 @@ def test_replay_hook_cuda_without_gpu_is_a_clean_failure():
     engine, _ = make()
     result = replay_hook(engine, "cuda")
     assert not result.ok and "no CUDA device" in result.message
-
-
-def test_host_pool_offload_and_load_roundtrip():
-    executor = TorchExecutor(CONFIG, 8, 2, device="cpu")
-    host = HostPool(executor, num_pages=4)
-    assert host.nbytes == CONFIG.bytes_per_page(2) * 4 and host.pinned == torch.cuda.is_available()
-    data = torch.randn(4, 2, 8).half()
-    executor.set_kv_buffer(1, [6, 7, 10, 11], data, -data)
-    host.offload([3, 5], [2, 0])
-    executor.poison_slots([6, 7, 10, 11])
-    host.load([2, 0], [1, 4])
-    assert torch.equal(executor.k_buffer[1][[2, 3, 8, 9]], data)
-    assert torch.equal(executor.v_buffer[1][[2, 3, 8, 9]], -data)
-    with pytest.raises(IndexError, match="outside 0..3"):
-        host.offload([1], [4])
 
 
 def test_gather_kv_into_a_workspace():

@@ -21,17 +21,16 @@ from kvstate.state import DETACHED, Geometry, initial_state
 from kvstate.vllm.block_pool import BlockPool
 from kvstate.vllm.manager import KVCacheManager
 from kvstate.vllm.request import Request
+from tests.vllm_helpers import admit
 
 BS = 4
 MODEL_PAGES = 12
 
 
-def admit(manager: KVCacheManager, request: Request) -> bool:
+def admit_and_decode(manager: KVCacheManager, request: Request) -> bool:
     """Prefill ``request`` (prefix hits included) and take one decode token; False if no room."""
-    blocks, hit, _ = manager.get_computed_blocks(request)
-    if manager.allocate_slots(request, request.num_tokens - hit, hit, blocks) is None:
+    if admit(manager, request)[2] is None:
         return False
-    request.num_computed_tokens = request.num_tokens
     request.append_output_token_ids(7)
     manager.allocate_slots(request, 1)
     return True
@@ -41,7 +40,7 @@ def workload(manager: KVCacheManager) -> None:
     """Shared prefixes, frees, reuse of cached pages, evictions and a cache reset attempt."""
     requests = [Request(f"r{i}", [i % 2] * 8 + list(range(i, i + 5)), BS) for i in range(8)]
     for index, request in enumerate(requests):
-        admit(manager, request)
+        admit_and_decode(manager, request)
         if index % 2:
             manager.free(requests[index - 1])
     manager.evict_blocks({1, 2})
@@ -49,7 +48,7 @@ def workload(manager: KVCacheManager) -> None:
         if request.request_id in manager.engine.state.requests:
             manager.free(request)
     manager.reset_prefix_cache()
-    admit(manager, Request("again", [0] * 8 + [1, 2, 3], BS))
+    admit_and_decode(manager, Request("again", [0] * 8 + [1, 2, 3], BS))
 
 
 def record(tmp_path: Path, manager: KVCacheManager, run=workload) -> Path:
@@ -127,7 +126,7 @@ def test_sliding_window_log_has_null_positions_that_read_the_padding_page(tmp_pa
 
     def long_request(manager):
         request = Request("long", list(range(13)), BS)
-        admit(manager, request)
+        admit_and_decode(manager, request)
         for token in range(6):
             request.num_computed_tokens = request.num_tokens
             request.append_output_token_ids(token)
@@ -151,9 +150,8 @@ def test_pool_level_blocks_cached_without_a_writing_request_get_fresh_tags():
     geometry = pool.engine.state.geometry
     executor = TorchExecutor(REPLAY_MODEL, geometry.num_pages, geometry.page_size, device="cpu",
                              poison_freed=True)
-    executor.reset_state(pool.engine.state)
+    executor.attach(pool.engine)
     monitor = enable_integrity(executor)
-    pool.engine.subscribe(executor.on_event)
     blocks = pool.get_new_blocks(2)  # DETACHED: nobody writes them
     pool.cache_full_blocks(Request("p", list(range(9)), BS), blocks, 0, 2, BS)
     first, second = (block.block_id for block in blocks)
@@ -181,8 +179,8 @@ def test_a_cache_hit_on_the_wrong_block_is_caught(tmp_path, capsys):
     manager = KVCacheManager(MODEL_PAGES, BS, 64)
 
     def run(manager):
-        admit(manager, Request("x", list(range(13)), BS))
-        admit(manager, Request("y", list(range(13)), BS))
+        admit_and_decode(manager, Request("x", list(range(13)), BS))
+        admit_and_decode(manager, Request("y", list(range(13)), BS))
 
     header, events = read_events(str(record(tmp_path, manager, run)))
     events = list(events)
@@ -220,10 +218,10 @@ def test_a_refcount_aliasing_bug_is_caught(tmp_path, monkeypatch):
     def run(manager):
         first = Request("first", [1] * 8 + [2], BS)
         second = Request("second", [1] * 8 + [3], BS)
-        admit(manager, first)
-        admit(manager, second)  # hits the two cached blocks of ``first``
+        admit_and_decode(manager, first)
+        admit_and_decode(manager, second)  # hits the two cached blocks of ``first``
         manager.free(first)  # the bug queues the shared blocks as free
-        admit(manager, Request("third", [9] * 8 + [4], BS))  # and this one takes them
+        admit_and_decode(manager, Request("third", [9] * 8 + [4], BS))  # and this one takes them
 
     result = replay_log(record(tmp_path, manager, run))
     assert not result.ok
@@ -243,14 +241,13 @@ def test_random_vllm_workloads_keep_integrity_with_poisoned_frees(actions, slidi
     geometry = manager.engine.state.geometry
     executor = TorchExecutor(REPLAY_MODEL, geometry.num_pages, geometry.page_size, device="cpu",
                              poison_freed=True)
-    executor.reset_state(manager.engine.state)
+    executor.attach(manager.engine)
     monitor = enable_integrity(executor)
-    manager.engine.subscribe(executor.on_event)
     running: list[Request] = []
     for serial, (action, prefix, tail) in enumerate(actions):
         if action <= 1:
             request = Request(f"q{serial}", [prefix] * 8 + list(range(tail)), BS)
-            if admit(manager, request):
+            if admit_and_decode(manager, request):
                 running.append(request)
         elif action == 2 and running:
             request = running[tail % len(running)]

@@ -144,6 +144,7 @@ def test_host_pool_mirrors_the_device_layout_and_round_trips_pages(config):
     executor = filled(config)
     host = HostPool(executor, num_pages=4)
     assert host.nbytes == config.bytes_per_page(4) * 4
+    assert host.pinned == torch.cuda.is_available()  # page-locked host memory when there is a GPU
     assert len(host.page_views.tensors) == len(executor.page_views.tensors)
     host.offload([5, 2, 3], [3, 0, 1])
     for layer in range(config.num_layers):
@@ -154,6 +155,8 @@ def test_host_pool_mirrors_the_device_layout_and_round_trips_pages(config):
     reference_copy(want, [5, 2, 3], [7, 8, 1], 4)
     host.load([3, 0, 1], [7, 8, 1])
     assert all(torch.equal(a, b) for a, b in zip(snapshot(executor), want, strict=True))
+    with pytest.raises(IndexError, match="outside 0..3"):
+        host.offload([1], [4])
 
 
 def test_host_pool_slot_forms_handle_partial_pages():

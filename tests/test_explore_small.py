@@ -45,22 +45,17 @@ def test_symmetry_merges_states(tmp_path):
 
 
 @pytest.fixture
-def share_twice():
+def share_twice(monkeypatch):
     """The core with Share broken to accept a page the request already maps (finding F5)."""
     from kvstate.events import Share
     from kvstate.reducer import HANDLERS
     from tests.test_canaries import share_allows_mapped_page
 
-    real = HANDLERS[Share]
-    HANDLERS[Share] = share_allows_mapped_page(real)
-    try:
-        yield
-    finally:
-        HANDLERS[Share] = real
+    monkeypatch.setitem(HANDLERS, Share, share_allows_mapped_page(HANDLERS[Share]))
 
 
 def test_counterexample_is_shortest_replayable_and_logged(share_twice, tmp_path):
-    """With Share broken as in finding F5 the explorer finds it in four events."""
+    """With Share broken as in finding F5 the explorer finds it in three events."""
     report = run_check("tiny", log_dir=tmp_path)
     assert report.violation is not None
     assert report.violation.names[0] == "refines"

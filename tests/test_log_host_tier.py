@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -33,6 +34,14 @@ def tiered_run(policy: str) -> tuple[list, TieredState]:
     for event in events:
         state = apply_tiered(state, event)
     return events, state
+
+
+def tiered_log(tmp_path: Path, policy: str) -> tuple[Path, list, TieredState]:
+    """``tiered_run(policy)`` written to ``tmp_path/tiered.kvlog`` with its host tier."""
+    events, final = tiered_run(policy)
+    path = tmp_path / "tiered.kvlog"
+    write_log(path, GEOMETRY, events, host_pages=HOST_PAGES)
+    return path, events, final
 
 
 @pytest.mark.parametrize("policy", [WRITE_THROUGH, WRITE_BACK])
@@ -101,9 +110,7 @@ def test_header_host_pages_are_validated():
 
 
 def test_replay_cli_reports_the_host_tier(tmp_path, capsys):
-    events, final = tiered_run(WRITE_BACK)
-    path = tmp_path / "tiered.kvlog"
-    write_log(path, GEOMETRY, events, host_pages=HOST_PAGES)
+    path, events, final = tiered_log(tmp_path, WRITE_BACK)
     assert main(["replay", str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is True
@@ -118,9 +125,7 @@ def test_executor_replay_of_a_tiered_log_moves_and_checks_host_bytes(tmp_path, p
     from kvstate.executor import replay_hook
     from kvstate.log.initial import start_state
 
-    events, _ = tiered_run(policy)
-    path = tmp_path / "tiered.kvlog"
-    write_log(path, GEOMETRY, events, host_pages=HOST_PAGES)
+    path, events, _ = tiered_log(tmp_path, policy)
     with LogReader(path) as reader:
         outcome = replay_hook((start_state(reader.header), list(reader.events())), "cpu")
     assert outcome.ok, outcome.message
@@ -130,9 +135,7 @@ def test_executor_replay_of_a_tiered_log_moves_and_checks_host_bytes(tmp_path, p
 
 
 def test_replay_cli_executor_report(tmp_path, capsys):
-    events, _ = tiered_run(WRITE_BACK)
-    path = tmp_path / "tiered.kvlog"
-    write_log(path, GEOMETRY, events, host_pages=HOST_PAGES)
+    path, events, _ = tiered_log(tmp_path, WRITE_BACK)
     # --check-every 0: integrity is verified once, at the end (8 device + 8 host tokens, 2 layers)
     assert main(["replay", str(path), "--executor", "cpu", "--json", "--check-every", "0"]) == 0
     report = json.loads(capsys.readouterr().out)["executor"]
@@ -150,9 +153,7 @@ def test_replay_cli_executor_report(tmp_path, capsys):
 def test_executor_replay_catches_a_load_that_moved_no_bytes(tmp_path, monkeypatch, capsys):
     from kvstate.executor import HostPool
 
-    events, _ = tiered_run(WRITE_THROUGH)
-    path = tmp_path / "tiered.kvlog"
-    write_log(path, GEOMETRY, events, host_pages=HOST_PAGES)
+    path, events, _ = tiered_log(tmp_path, WRITE_THROUGH)
     monkeypatch.setattr(HostPool, "load_slots", lambda self, host_slots, device_slots: None)
     assert main(["replay", str(path), "--executor", "cpu", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)

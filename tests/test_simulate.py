@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any
 
 import attrs
 import pytest
@@ -16,20 +15,12 @@ from kvstate.cli import main
 from kvstate.simulate import SimulationSettings, load_policy, simulate
 from kvstate.simulate.policies import LeafLFU, PolicyError
 from kvstate.traces import TraceRequest
-from tests.trace_fixtures import BLOCK, chain_requests, reference_simulator
+from tests.trace_fixtures import BLOCK, chain_requests, reference_trace
 
 
 def requests_from(paths: list[list[int]], tails: list[int], outputs: int = 0) -> list[TraceRequest]:
     """Prefix-chained block keys (a trie path -> keys); the last block holds ``tail`` tokens."""
     return chain_requests(list(zip(paths, tails, strict=True)), outputs)
-
-
-def reference_trace(requests: list[TraceRequest]) -> Any:
-    sim = reference_simulator()
-    trace = sim.BlockTrace()
-    for request in requests:
-        trace.add(list(request.block_keys), list(request.block_token_counts))
-    return sim, trace
 
 
 trie_paths = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=5), min_size=1, max_size=14).flatmap(
@@ -70,7 +61,7 @@ def test_a_prompt_larger_than_the_pool_is_refused_as_the_reference_rejects_it(
     paths, tails = case
     requests = requests_from(paths, tails)
     sim, trace = reference_trace(requests)
-    expected = sim.leaf_lru_general(trace, capacity, reject_larger=True)
+    expected = sim.leaf_lru(trace, capacity, reject_larger=True)
     run = SimulationSettings(capacity_tokens=capacity * BLOCK, eviction_unit="page", decode=False)
     result = simulate(requests, run, len(requests))
     assert (result.hit_tokens, result.hit_blocks) == (expected.hit_tokens, expected.hit_blocks)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kvstate.cli import main
 from kvstate.simulate import SimulationSettings, simulate
 from kvstate.traces import TraceRequest
-from tests.trace_fixtures import BLOCK, chain_requests, reference_simulator
+from tests.trace_fixtures import BLOCK, chain_requests, reference_trace
 
 
 class FreeQueueModel:
@@ -81,9 +81,6 @@ class FreeQueueModel:
             if self.refs[page] == 0:
                 (self.queue.append if page in self.prefix_of else to_head.append)(page)
         self.queue[:0] = to_head
-
-
-
 
 
 def run_vllm(requests: list[TraceRequest], capacity: int, warmup: float = 0.0, decode: bool = False):  # type: ignore[no-untyped-def]
@@ -193,10 +190,7 @@ def test_driver_matches_the_reference_tools_free_queue(
 ) -> None:
     """tools/trace_hit_rates.vllm_free_queue (no kvstate import) is a third implementation."""
     requests = chain_requests(case)
-    sim = reference_simulator()
-    trace = sim.BlockTrace()
-    for request in requests:
-        trace.add(list(request.block_keys), list(request.block_token_counts))
+    sim, trace = reference_trace(requests)
     expected = sim.vllm_free_queue(trace, capacity, block=BLOCK)
     result = run_vllm(requests, capacity)
     assert (result.hit_tokens, result.hit_blocks) == (expected.hit_tokens, expected.hit_blocks)

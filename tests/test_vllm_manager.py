@@ -27,14 +27,9 @@ from kvstate.vllm.events_bridge import NodeHashes
 from kvstate.vllm.kv_events import KVEventBatch, decode_event_batch, encode_event_batch
 from kvstate.vllm.manager import KVCacheManager
 from kvstate.vllm.request import Request
+from tests.vllm_helpers import admit, ids
 
 BS = 4
-
-
-def admit(manager: KVCacheManager, request: Request) -> list[int] | None:
-    blocks, hit, _ = manager.get_computed_blocks(request)
-    new = manager.allocate_slots(request, request.num_tokens - hit, hit, blocks)
-    return None if new is None else new.get_block_ids()[0]
 
 
 def block_state(num_pages: int = 4) -> object:
@@ -122,7 +117,7 @@ def test_refused_allocation_changes_nothing() -> None:
     manager = KVCacheManager(4, BS, 64)
     admit(manager, Request("a", list(range(8)), BS))
     before = manager.engine.state
-    assert admit(manager, Request("b", list(range(50, 62)), BS)) is None
+    assert admit(manager, Request("b", list(range(50, 62)), BS))[2] is None
     assert manager.engine.state is before
 
 
@@ -198,8 +193,8 @@ def test_block_events_round_trip_through_the_record_form() -> None:
 def test_manager_tables_are_core_request_tables() -> None:
     manager = KVCacheManager(12, BS, 64, sliding_window=5, enable_caching=False)
     request = Request("w", list(range(14)), BS)
-    assert admit(manager, request) == [1, 2, 3, 4]
-    request.num_computed_tokens = 14
+    assert ids(admit(manager, request)[2]) == [1, 2, 3, 4]
+    assert request.num_computed_tokens == 14
     request.append_output_token_ids(9)
     manager.allocate_slots(request, 1)
     record = manager.engine.state.requests["w"]
@@ -215,8 +210,7 @@ def test_manager_tables_are_core_request_tables() -> None:
 def _workload(manager: KVCacheManager) -> None:
     requests = [Request(f"r{i}", [i % 2] * 8 + list(range(i, i + 5)), BS) for i in range(6)]
     for index, request in enumerate(requests):
-        if admit(manager, request) is not None:
-            request.num_computed_tokens = request.num_tokens
+        if admit(manager, request)[2] is not None:
             request.append_output_token_ids(index)
             manager.allocate_slots(request, 1)
         if index % 2:

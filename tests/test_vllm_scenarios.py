@@ -27,28 +27,16 @@ from kvstate.vllm.hashing import (
     sha256_cbor,
 )
 from kvstate.vllm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from kvstate.vllm.manager import KVCacheBlocks, KVCacheManager
+from kvstate.vllm.manager import KVCacheManager
 from kvstate.vllm.request import Request
 from kvstate.vllm.sliding_window import longest_window_hit
+from tests.vllm_helpers import admit, ids
 
 BS = 16
 
 
 def make_manager(num_blocks: int = 11, block_size: int = BS, **options: object) -> KVCacheManager:
     return KVCacheManager(num_blocks, block_size, 8192, **options)  # type: ignore[arg-type]
-
-
-def admit(manager: KVCacheManager, request: Request,
-          ) -> tuple[list[int], int, KVCacheBlocks | None]:
-    """Scheduler admission: lookup, then allocate every token not hit."""
-    blocks, hit, boundary = manager.get_computed_blocks(request)
-    assert boundary == 0
-    new = manager.allocate_slots(request, request.num_tokens - hit, hit, blocks)
-    return blocks.get_block_ids()[0], hit, new
-
-
-def ids(blocks: KVCacheBlocks | None) -> list[int] | None:
-    return None if blocks is None else blocks.get_block_ids()[0]
 
 
 def healthy(manager: KVCacheManager | BlockPool) -> None:
@@ -256,7 +244,7 @@ def test_s24_decode_fills_the_partial_block_then_allocates_one() -> None:
     pool = manager.block_pool
     request = Request("d", COMMON + [5] * 7, BS)
     admit(manager, request)
-    request.num_computed_tokens = 55
+    assert request.num_computed_tokens == 55
     request.append_output_token_ids([1, 2, 3, 4])
     assert ids(manager.allocate_slots(request, 4)) == []
     assert pool.blocks[4].block_hash is None
@@ -612,7 +600,7 @@ def test_s56_same_step_prefill_dedup_and_next_turn() -> None:
     admit(manager, first)
     _, hit, _ = admit(manager, second)
     assert second.num_tokens - hit == 40 % BS
-    first.num_computed_tokens = 40
+    assert first.num_computed_tokens == 40
     for token in range(9):  # decode steps: one slot per sampled token
         first.append_output_token_ids(token)
         assert manager.allocate_slots(first, 1) is not None

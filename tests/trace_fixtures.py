@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -12,8 +13,12 @@ from kvstate.traces import TraceRequest
 BLOCK = 4
 
 
+@functools.cache
 def reference_simulator() -> Any:
-    """Load tools/trace_hit_rates.py by path, as `python tools/trace_hit_rates.py` runs it."""
+    """Load tools/trace_hit_rates.py by path, as `python tools/trace_hit_rates.py` runs it.
+
+    Loaded once per test session; its simulators keep no state between calls.
+    """
     path = Path(__file__).resolve().parents[1] / "tools" / "trace_hit_rates.py"
     spec = importlib.util.spec_from_file_location("trace_hit_rates", path)
     assert spec is not None and spec.loader is not None
@@ -21,6 +26,15 @@ def reference_simulator() -> Any:
     sys.modules.setdefault(spec.name, module)
     spec.loader.exec_module(module)
     return module
+
+
+def reference_trace(requests: list[TraceRequest]) -> tuple[Any, Any]:
+    """The reference simulator and its ``BlockTrace`` of ``requests`` (block keys and token counts)."""
+    sim = reference_simulator()
+    trace = sim.BlockTrace()
+    for request in requests:
+        trace.add(list(request.block_keys), list(request.block_token_counts))
+    return sim, trace
 
 
 def chain_requests(

@@ -99,16 +99,18 @@ def run_sim(python: str, peer: str, page_size: int, extra: list[str], env: dict[
 def peers_table(requests: int, trace: str | None) -> list[dict]:
     peers_home = Path(os.environ.get("PEERS", Path.home() / "kvstate-peers"))
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'tools'}:{PEERS_DIR}")
-    configs = [(sys.executable, "peer_kvstate", 16, "kvstate (page 16)"),
-               (sys.executable, "peer_kvstate", 16, "kvstate (page 16, GC tuned)"),
-               (sys.executable, "peer_kvstate", 1, "kvstate (page 1)"),
-               (sys.executable, "peer_kvstate", 1, "kvstate (page 1, GC tuned)")]
+    # (python, peer, page size, label, run with KVSTATE_GC_TUNED=1)
+    configs = [(sys.executable, "peer_kvstate", 16, "kvstate (page 16)", False),
+               (sys.executable, "peer_kvstate", 16, "kvstate (page 16, GC tuned)", True),
+               (sys.executable, "peer_kvstate", 1, "kvstate (page 1)", False),
+               (sys.executable, "peer_kvstate", 1, "kvstate (page 1, GC tuned)", True)]
     if (peers_home / "venv-vllm/bin/python").exists():
-        configs.append((str(peers_home / "venv-vllm/bin/python"), "peer_vllm", 16, "vLLM 0.33 (block 16)"))
+        configs.append((str(peers_home / "venv-vllm/bin/python"), "peer_vllm", 16,
+                        "vLLM 0.33 (block 16)", False))
     if (peers_home / "venv-sglang/bin/python").exists():
         sglang = str(peers_home / "venv-sglang/bin/python")
-        configs += [(sglang, "peer_sglang", 16, "SGLang 0.5.23 RadixCache (page 16)"),
-                    (sglang, "peer_sglang", 1, "SGLang 0.5.23 RadixCache (page 1)")]
+        configs += [(sglang, "peer_sglang", 16, "SGLang 0.5.23 RadixCache (page 16)", False),
+                    (sglang, "peer_sglang", 1, "SGLang 0.5.23 RadixCache (page 1)", False)]
     workloads = [("synthetic", ["--requests", str(requests), "--seed", "0", "--capacity", "60000"])]
     if trace:
         workloads.append(("mooncake", ["--trace", trace, "--requests", str(requests),
@@ -116,8 +118,7 @@ def peers_table(requests: int, trace: str | None) -> list[dict]:
                                        "--max-output", "256"]))
     rows = []
     for workload, extra in workloads:
-        for python, peer, page_size, label in configs:
-            tuned = "GC tuned" in label
+        for python, peer, page_size, label, tuned in configs:
             run_env = dict(env, KVSTATE_GC_TUNED="1") if tuned else env
             result = run_sim(python, peer, page_size, extra, run_env, "-gc" if tuned else "")
             rows.append({"workload": workload, "peer": label, **{k: result[k] for k in (

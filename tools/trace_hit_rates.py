@@ -4,8 +4,9 @@ The command line of the independent reference simulator in ``tools/trace_ref``
 (which imports nothing from ``kvstate``; its package docstring has the exact
 definitions written into every result).  This module owns only argument
 parsing and the ``run_*`` commands, which read trace files and return new
-JSON-ready dicts; it re-exports the simulator's names so that
-``tools.trace_hit_rates.leaf_lru`` and friends keep working.
+JSON-ready dicts; it re-exports the simulator names its callers use
+(``BlockTrace``, ``infinite``, ``leaf_lru``, ``fifo``, ``vllm_free_queue``), so
+that ``tools.trace_hit_rates.leaf_lru`` and friends keep working.
 
 Usage (from the repository root; ``../shared`` holds the traces):
 
@@ -34,9 +35,9 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
-from tools.trace_ref.candidates import flat_lru, leaf_lru_general, vllm_free_queue  # noqa: E402
-from tools.trace_ref.fig9 import FIG9_PUBLISHED, FIG9_TOKENS, fig9_variants  # noqa: E402
-from tools.trace_ref.kvsim import KVSIM_BLOCKS, KVSIM_SCRIPT, run_kvcache_simulator  # noqa: E402
+from tools.trace_ref.candidates import vllm_free_queue  # noqa: E402
+from tools.trace_ref.fig9 import FIG9_TOKENS, fig9_variants  # noqa: E402
+from tools.trace_ref.kvsim import KVSIM_BLOCKS, run_kvcache_simulator  # noqa: E402
 from tools.trace_ref.policies import fifo, infinite, leaf_lru  # noqa: E402
 from tools.trace_ref.readers import (  # noqa: E402
     azure_rows,
@@ -44,49 +45,17 @@ from tools.trace_ref.readers import (  # noqa: E402
     kvtester_conversations,
     load_mooncake,
 )
-from tools.trace_ref.reshape import (  # noqa: E402
-    block_costs,
-    output_blocks,
-    split_blocks,
-    with_private_outputs,
-)
-from tools.trace_ref.stats import percentile, summary, utilization  # noqa: E402
-from tools.trace_ref.trie import MOONCAKE_BLOCK, BlockTrace, Outcome, _Tally  # noqa: E402
+from tools.trace_ref.stats import summary, utilization  # noqa: E402
+from tools.trace_ref.trie import MOONCAKE_BLOCK, BlockTrace  # noqa: E402
 
+# The simulator names callers reach through this module (the tests load it by path).
 __all__ = [
-    "FIG9_PUBLISHED",
-    "FIG9_TOKENS",
-    "KVSIM_BLOCKS",
-    "KVSIM_SCRIPT",
-    "MOONCAKE_BLOCK",
     "BlockTrace",
-    "Outcome",
-    "_Tally",
-    "azure_rows",
-    "block_costs",
     "fifo",
-    "fig9_variants",
-    "flat_lru",
-    "flat_requests",
     "infinite",
-    "kvtester_conversations",
     "leaf_lru",
-    "leaf_lru_general",
-    "load_mooncake",
     "main",
-    "output_blocks",
-    "percentile",
-    "run_azure",
-    "run_fig9",
-    "run_kvcache_simulator",
-    "run_kvsim",
-    "run_kvtester",
-    "run_mooncake",
-    "split_blocks",
-    "summary",
-    "utilization",
     "vllm_free_queue",
-    "with_private_outputs",
 ]
 
 

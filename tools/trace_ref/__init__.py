@@ -3,14 +3,14 @@
 This package deliberately imports nothing from ``kvstate`` (not even its trace
 readers): it parses the files itself and works on block-hash sequences, so its
 numbers are an independent check on ``kvstate simulate``.  The command line is
-``tools/trace_hit_rates.py``, which also re-exports every name below.
+``tools/trace_hit_rates.py``, which also re-exports the names the tests use.
 
 Modules (each owns one concept):
 
 * ``trie``: ``BlockTrace`` (the caller owns it; ``add`` mutates it), the
   ``Outcome`` record and the ``_Tally`` accumulator.
 * ``policies``: ``infinite``, ``leaf_lru``, ``fifo``.
-* ``candidates``: ``leaf_lru_general``, ``vllm_free_queue``, ``flat_lru``.
+* ``candidates``: ``vllm_free_queue``, ``flat_lru``.
 * ``reshape``: ``block_costs``, ``split_blocks``, ``output_blocks``,
   ``with_private_outputs`` (derived traces for the Fig. 9 candidates).
 * ``fig9``: ``fig9_variants`` and the figure's capacities and values.
@@ -41,6 +41,7 @@ Definitions (written into every result):
 * ``require_full``: a capacity point whose cache never filled during warmup is
   flagged ``underfilled`` (kvcache-simulator omits such points).
 * ``vllm_free_queue``: vLLM V1's pool (full blocks only, free queue, lazy
-  eviction; see its docstring); ``leaf_lru_general`` and ``flat_lru`` are the
-  candidate definitions the ``fig9`` command compares with FAST'25 Fig. 9.
+  eviction; see its docstring); ``leaf_lru`` with its keyword knobs and
+  ``flat_lru`` are the candidate definitions the ``fig9`` command compares
+  with FAST'25 Fig. 9.
 """

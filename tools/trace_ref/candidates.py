@@ -1,20 +1,17 @@
 """Alternative cache models the ``fig9`` command compares with FAST'25 Fig. 9.
 
-``leaf_lru_general`` (``policies.leaf_lru`` with its cost, output
-reservation, measured prefix and reject-larger knobs), ``vllm_free_queue`` (vLLM V1's block pool) and
-``flat_lru`` (LRU over blocks with no trie).  Each reads the trace without
-mutating it, owns its cache state locally and returns a fresh ``Outcome``.
+``vllm_free_queue`` (vLLM V1's block pool) and ``flat_lru`` (LRU over blocks
+with no trie).  The leaf-LRU candidates are ``policies.leaf_lru`` itself, with
+its keyword-only cost, output reservation, measured prefix and reject-larger
+knobs.  Each reads the trace without mutating it, owns its cache state locally
+and returns a fresh ``Outcome``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from .policies import leaf_lru
 from .trie import MOONCAKE_BLOCK, BlockTrace, Outcome, _Tally
-
-# The general leaf LRU is ``policies.leaf_lru`` itself; its knobs are keyword-only.
-leaf_lru_general = leaf_lru
 
 
 def vllm_free_queue(
