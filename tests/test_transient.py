@@ -37,6 +37,7 @@ from kvstate.state import State, initial_state
 from kvstate.transient import BLOCK_RULES, RULES, TransientApplier, freeze, rules_for, thaw
 from tests.test_replay_corpus import CORPUS as REPLAY
 from tests.test_replay_corpus import LOGS
+from tests.vllm_helpers import admit
 
 
 def same_state(got: State, want: State) -> None:
@@ -193,9 +194,7 @@ def vllm_run_events(seed: int, window: int | None, caching: bool) -> tuple[State
         action = rng.random()
         if action < 0.35:
             request = Request(f"r{step}", [rng.randrange(3) for _ in range(rng.randint(1, 9))], 2)
-            blocks, hit, _ = manager.get_computed_blocks(request)
-            if manager.allocate_slots(request, request.num_tokens - hit, hit, blocks) is not None:
-                request.num_computed_tokens = request.num_tokens
+            if admit(manager, request)[2] is not None:
                 running[request.request_id] = request
         elif action < 0.65 and running:
             request = running[rng.choice(sorted(running))]
