@@ -37,11 +37,8 @@ from kvstate.events import Event
 from kvstate.executor.copies import (
     PageViews,
     copy_pages_between,
-    copy_rows,
     copy_slots_within,
-    raw_words,
-    slot_runs,
-    whole_pages,
+    raw_words,  # re-exported: ``from kvstate.executor.buffers import raw_words``
 )
 from kvstate.executor.plan import IndexPlan, plan_indices
 from kvstate.executor.plan_host import plan_tiered_indices
@@ -62,12 +59,19 @@ def element_size(dtype: torch.dtype) -> int:
 
 
 class _Mirror:
-    """Follows a state and its events; subclasses own the buffers and move the bytes."""
+    """Follows a state and its events and moves the bytes; subclasses own the buffers.
+
+    A subclass sets ``row_buffers`` (its ``[layers, rows, ...]`` tensors: K
+    then V, or the one latent tensor) and ``page_views`` (per-page views of
+    the tensors that hold them) in its constructor.
+    """
 
     geometry: Geometry
     device: torch.device
     poison_freed: bool
     listeners: list[Any]
+    row_buffers: tuple[torch.Tensor, ...]
+    page_views: PageViews
 
     def _init_mirror(self, geometry: Geometry) -> None:
         self.geometry = geometry
@@ -160,12 +164,32 @@ class _Mirror:
         if plan.freed_slots and self.poison_freed:
             self.poison_slots(plan.freed_slots)
 
-    # -- subclass data plane ---------------------------------------------------
+    # -- data movement -------------------------------------------------------------
     def copy_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
-        raise NotImplementedError
+        """Copy rows ``src -> dst`` in every buffer and layer (``move_kv_cache``).
+
+        Whole pages in order take the page path (:meth:`copy_pages`).
+        """
+        copy_slots_within(self.page_views, self.row_buffers, src_slots, dst_slots)
+
+    def copy_pages(self, src_pages: Sequence[int], dst_pages: Sequence[int]) -> None:
+        """Copy whole pages ``src -> dst`` (every buffer and layer); list order is kept if they overlap."""
+        copy_pages_between(self.page_views, self.page_views, src_pages, dst_pages)
 
     def poison_slots(self, slots: Sequence[int]) -> None:
-        raise NotImplementedError
+        """Fill ``slots`` with NaN in every buffer and layer (debug aid for freed slots)."""
+        index = self._slot_index(slots)
+        for tensor in self.row_buffers:
+            tensor.index_fill_(1, index, POISON)
+
+    # -- reads in kernel layouts -----------------------------------------------------
+    def gather_kv(self, state: State, request: Any, layer: int,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A request's K/V in one layer, contiguous in token order (see ``exports.gather_kv``)."""
+        from kvstate.executor.exports import gather_kv
+
+        return gather_kv(self, state, request, layer, out)
 
     def _slot_index(self, slots: Any) -> torch.Tensor:
         index = torch.as_tensor(slots, dtype=torch.int64, device=self.device).reshape(-1)
@@ -209,6 +233,7 @@ class TorchExecutor(_Mirror):
             self._v = torch.zeros((self.layer_num, rows, self.head_num, self.v_head_dim),
                                   dtype=dtype, device=self.device)
             page_tensors = [self._k, self._v]
+        self.row_buffers = (self._k, self._v)
         self.k_buffer = [self._k[layer] for layer in range(self.layer_num)]
         self.v_buffer = [self._v[layer] for layer in range(self.layer_num)]
         self.page_views = PageViews(page_tensors, page_size)
@@ -256,33 +281,5 @@ class TorchExecutor(_Mirror):
         self.v_buffer[layer_id][index] = cache_v.to(self.dtype).reshape(
             -1, self.head_num, self.v_head_dim)
 
-    # -- data movement -------------------------------------------------------------
-    def copy_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
-        """Copy K and V rows ``src -> dst`` in every layer (``move_kv_cache``).
 
-        Whole pages in order take the page path (:meth:`copy_pages`).
-        """
-        copy_slots_within(self.page_views, [self._k, self._v], src_slots, dst_slots)
-
-    def copy_pages(self, src_pages: Sequence[int], dst_pages: Sequence[int]) -> None:
-        """Copy whole pages ``src -> dst`` (K and V, every layer); list order is kept if they overlap."""
-        copy_pages_between(self.page_views, self.page_views, src_pages, dst_pages)
-
-    def poison_slots(self, slots: Sequence[int]) -> None:
-        """Fill ``slots`` with NaN in every layer (debug aid for freed slots)."""
-        index = self._slot_index(slots)
-        self._k.index_fill_(1, index, POISON)
-        self._v.index_fill_(1, index, POISON)
-
-    # -- reads in kernel layouts -----------------------------------------------------
-    def gather_kv(self, state: State, request: Any, layer: int,
-                  out: tuple[torch.Tensor, torch.Tensor] | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A request's K/V in one layer, contiguous in token order (see ``exports.gather_kv``)."""
-        from kvstate.executor.exports import gather_kv
-
-        return gather_kv(self, state, request, layer, out)
-
-
-__all__ = ["POISON", "PageViews", "TorchExecutor", "copy_rows", "copy_slots_within", "default_device",
-           "element_size", "raw_words", "slot_runs", "whole_pages"]
+__all__ = ["POISON", "TorchExecutor", "default_device", "element_size", "raw_words"]

@@ -61,6 +61,21 @@ def whole_pages(slots: Sequence[int], page_size: int) -> list[int] | None:
     return [first // page_size for first in firsts]
 
 
+def paired_pages(src_slots: Sequence[int], dst_slots: Sequence[int], page_size: int
+                 ) -> tuple[list[int], list[int]] | None:
+    """``(src_pages, dst_pages)`` when both slot lists are whole pages in order, else None.
+
+    Raises ``ValueError`` when the lists differ in length.
+    """
+    if len(src_slots) != len(dst_slots):
+        raise ValueError(f"{len(src_slots)} source slots but {len(dst_slots)} destination slots")
+    src_pages = whole_pages(src_slots, page_size)
+    if src_pages is None:
+        return None
+    dst_pages = whole_pages(dst_slots, page_size)
+    return None if dst_pages is None else (src_pages, dst_pages)
+
+
 def raw_words(tensor: torch.Tensor, leading: int = 2) -> torch.Tensor:
     """Reinterpret a contiguous tensor as ``[*shape[:leading], words]`` of the widest int type.
 
@@ -96,7 +111,6 @@ class PageViews:
         self.page_size = page_size
         self.num_pages = rows // page_size
         self.words = tuple(raw_words(t).view(t.shape[0], self.num_pages, -1) for t in tensors)
-        self.device = tensors[0].device
         self._cache: list[tuple[torch.Tensor, ...] | None] = [None] * self.num_pages
 
     def page(self, page: int) -> tuple[torch.Tensor, ...]:
@@ -122,7 +136,8 @@ def copy_pages_between(dst: PageViews, src: PageViews, src_pages: Sequence[int],
 
     Copies run in list order (a page written earlier is read later with its
     new bytes); runs of adjacent pages are one copy each.  Mutates ``dst``'s
-    tensors only.
+    tensors only.  Across devices the copies are asynchronous on the current
+    stream: the caller synchronizes before reading host memory (``HostPool``).
     """
     if len(src_pages) != len(dst_pages):
         raise ValueError(f"{len(src_pages)} source pages but {len(dst_pages)} destination pages")
@@ -145,12 +160,9 @@ def copy_slots_within(pages: PageViews, tensors: Sequence[torch.Tensor], src_slo
     Whole pages in order take the page path; anything else is copied by row
     runs.  Mutates ``tensors`` only.
     """
-    if len(src_slots) != len(dst_slots):
-        raise ValueError(f"{len(src_slots)} source slots but {len(dst_slots)} destination slots")
-    src_pages = whole_pages(src_slots, pages.page_size)
-    dst_pages = whole_pages(dst_slots, pages.page_size) if src_pages is not None else None
-    if src_pages is not None and dst_pages is not None:
-        copy_pages_between(pages, pages, src_pages, dst_pages)
+    paired = paired_pages(src_slots, dst_slots, pages.page_size)
+    if paired is not None:
+        copy_pages_between(pages, pages, *paired)
         return
     for tensor in tensors:
         copy_rows(tensor, tensor, src_slots, dst_slots)
@@ -163,12 +175,11 @@ def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     if on_cpu and _FOREACH_COPY is not None:
         _FOREACH_COPY(targets, sources)
         return
+    # Asynchronous on the current stream; a device-to-host copy is not complete
+    # on return, so the caller (``HostPool``) waits for the stream before any
+    # CPU read of the host buffers.
     for target, source in zip(targets, sources, strict=True):
         target.copy_(source, non_blocking=True)
-    if targets[0].device.type == "cpu" and sources[0].device.type == "cuda":
-        # A device-to-host copy is asynchronous even into pinned memory, and CPU
-        # reads of the host pool are not ordered after it on any stream: wait.
-        torch.cuda.synchronize(sources[0].device)
 
 
 def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: Sequence[int],
@@ -178,7 +189,8 @@ def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: Sequence[int],
     Contiguous runs are copied slice by slice on integer-word views (no
     temporary); very many short runs fall back to one gather plus one
     scatter.  Mutates ``dst`` only.  Whole pages go faster through
-    ``copy_pages_between``.
+    ``copy_pages_between``.  Across devices the run copies are asynchronous
+    on the current stream, as in ``copy_pages_between``.
     """
     if len(src_rows) != len(dst_rows):
         raise ValueError(f"{len(src_rows)} source rows but {len(dst_rows)} destination rows")
@@ -193,4 +205,6 @@ def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: Sequence[int],
     src_index = torch.tensor(src_rows, dtype=torch.int64, device=src.device)
     dst_index = torch.tensor(dst_rows, dtype=torch.int64, device=dst.device)
     gathered = src_words.index_select(1, src_index)
-    dst_words.index_copy_(1, dst_index, gathered.to(dst.device, non_blocking=True))
+    # Into host memory the transfer must be complete before the CPU scatter reads it.
+    to_host = dst.device.type == "cpu" and src.device.type != "cpu"
+    dst_words.index_copy_(1, dst_index, gathered.to(dst.device, non_blocking=not to_host))

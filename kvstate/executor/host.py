@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kvstate.executor.copies import PageViews, copy_pages_between, copy_rows, whole_pages
+from kvstate.executor.copies import PageViews, copy_pages_between, copy_rows, paired_pages
 
 
 class HostPool:
@@ -35,7 +35,7 @@ class HostPool:
             for t in executor.page_views.tensors
         ]
         self.page_views = PageViews(self._pages, self.page_size)
-        device_rows = _device_buffers(executor)
+        device_rows = executor.row_buffers
         if len(self._pages) == 1 and len(device_rows) > 1:  # host K and V as views, like the device's
             self._buffers = list(self._pages[0].split([t.shape[0] for t in device_rows]))
         else:
@@ -61,21 +61,21 @@ class HostPool:
 
     def offload_slots(self, device_slots: Sequence[int], host_slots: Sequence[int]) -> None:
         """Slot form of :meth:`offload` (what index plans carry); whole pages take the page path."""
-        device_pages, host_pages = _paired_pages(device_slots, host_slots, self.page_size)
-        if device_pages is not None and host_pages is not None:
-            self.offload(device_pages, host_pages)
+        paired = paired_pages(device_slots, host_slots, self.page_size)
+        if paired is not None:
+            self.offload(*paired)
             return
-        for host, device in zip(self._buffers, _device_buffers(self.executor), strict=True):
+        for host, device in zip(self._buffers, self.executor.row_buffers, strict=True):
             copy_rows(host, device, device_slots, host_slots)
         self._sync()
 
     def load_slots(self, host_slots: Sequence[int], device_slots: Sequence[int]) -> None:
         """Slot form of :meth:`load`; whole pages take the page path."""
-        host_pages, device_pages = _paired_pages(host_slots, device_slots, self.page_size)
-        if device_pages is not None and host_pages is not None:
-            self.load(host_pages, device_pages)
+        paired = paired_pages(host_slots, device_slots, self.page_size)
+        if paired is not None:
+            self.load(*paired)
             return
-        for host, device in zip(self._buffers, _device_buffers(self.executor), strict=True):
+        for host, device in zip(self._buffers, self.executor.row_buffers, strict=True):
             copy_rows(device, host, host_slots, device_slots)
         self._sync()
 
@@ -83,21 +83,11 @@ class HostPool:
         if self.executor.device.type == "cuda":  # the copy must be complete when we return
             torch.cuda.current_stream(self.executor.device).synchronize()
 
-    def read(self, layer: int, host_slots: Sequence[int]) -> list[torch.Tensor]:
-        """Host rows of one layer (K then V, or the latent row), as fresh tensors."""
-        index = torch.tensor(list(host_slots), dtype=torch.int64)
+    def read(self, layer: int, host_slots: Sequence[int] | torch.Tensor) -> list[torch.Tensor]:
+        """Host rows of one layer (K then V, or the latent row), as fresh tensors.
+
+        ``host_slots`` may be a prebuilt int64 CPU index (reused across layers).
+        """
+        index = torch.as_tensor(host_slots, dtype=torch.int64, device="cpu")
         return [buffer[layer].index_select(0, index) for buffer in self._buffers]
 
-
-def _paired_pages(src_slots: Sequence[int], dst_slots: Sequence[int], page_size: int
-                  ) -> tuple[list[int] | None, list[int] | None]:
-    if len(src_slots) != len(dst_slots):
-        raise ValueError(f"{len(src_slots)} source slots but {len(dst_slots)} destination slots")
-    src_pages = whole_pages(src_slots, page_size)
-    return src_pages, (whole_pages(dst_slots, page_size) if src_pages is not None else None)
-
-
-def _device_buffers(executor: Any) -> list[torch.Tensor]:
-    if hasattr(executor, "_kv"):
-        return [executor._kv]
-    return [executor._k, executor._v]

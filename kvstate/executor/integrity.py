@@ -37,9 +37,9 @@ import attrs
 import torch
 
 from kvstate.events import Event
-from kvstate.executor.integrity_block import block_tree_reads, cache_blocks, null_content, seed_block_state
+from kvstate.executor.integrity_block import block_tree_reads, cache_blocks, null_content, seed_block_cache
 from kvstate.executor.integrity_host import verify_host
-from kvstate.executor.integrity_tags import Content, expected_tags, write_tags
+from kvstate.executor.integrity_tags import Content, TagRows, expected_tags, write_tags
 from kvstate.executor.integrity_tags import tag_values as tag_values  # re-exported (moved)
 from kvstate.executor.plan import IndexPlan, node_depth
 from kvstate.executor.readback import compare_reads, export_reads
@@ -83,17 +83,27 @@ class IntegrityMonitor:
         return uid
 
     def _seed_from(self, state: State) -> None:
-        """Tag what a non-empty starting state already maps (as if freshly written)."""
-        if state.geometry.mode == "block":
-            seed_block_state(self, state)
-            return
-        for node_id in sorted(n for n in state.nodes.keys() if n != 0):
-            self._insert(node_id, node_depth(state, node_id), state.node_slots(node_id))
+        """Tag what a non-empty starting state already maps (as if freshly written).
+
+        The tree first (block mode: the cached pages, which keep no node
+        record, so a request slot's content is its ``slot_content``), then
+        every request table; a block-mode null entry (page 0) reads the padding.
+        """
+        block = state.geometry.mode == "block"
+        if block:
+            seed_block_cache(self, state)
+        else:
+            for node_id in sorted(n for n in state.nodes.keys() if n != 0):
+                self._insert(node_id, node_depth(state, node_id), state.node_slots(node_id))
+        size = state.geometry.page_size
         for request_id in state.requests.keys():
             self.uid_of[request_id] = self._fresh_uid()
             self.req_content[request_id] = []
             fresh = []
             for position, slot in enumerate(state.slots_of(request_id)):
+                if block and slot < size:
+                    self._set(request_id, position, null_content(position, size))
+                    continue
                 content = self._linked_content(state, slot)
                 if content is not None and content[1] == position:
                     self._set(request_id, position, content)
@@ -226,7 +236,8 @@ class IntegrityMonitor:
         self.write_tags(fresh_slots, fresh)
 
     # -- tags (computed in integrity_tags) -------------------------------------------
-    def expected(self, contents: Sequence[Content], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def expected(self, contents: Sequence[Content] | TagRows,
+                 layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Expected ``(k, v)`` rows for ``contents`` in one layer, in the buffers' dtype."""
         return expected_tags(self.executor, contents, layer)
 
@@ -268,16 +279,19 @@ class IntegrityMonitor:
             node_slots.extend(slots)
             node_contents.extend(content)
         checked = 0
+        device = self.executor.device
+        request_rows = TagRows(contents, device) if contents else None
+        tree_rows = TagRows(node_contents, device) if node_contents else None
+        index = torch.tensor(node_slots, dtype=torch.int64, device=device) if node_contents else None
         for layer in range(self.executor.layer_num):
-            if contents:
-                k_want, v_want = self.expected(contents, layer)
+            if request_rows is not None:
+                k_want, v_want = self.expected(request_rows, layer)
                 for name, (k_got, v_got) in reads(layer).items():
                     checked += len(contents)
                     problems.extend(compare_reads(name, layer, k_got, k_want, v_got, v_want,
                                              requests, lengths))
-            if node_contents:
-                k_want, v_want = self.expected(node_contents, layer)
-                index = torch.tensor(node_slots, dtype=torch.int64, device=self.executor.device)
+            if tree_rows is not None and index is not None:
+                k_want, v_want = self.expected(tree_rows, layer)
                 k_buf, v_buf = self.executor.get_kv_buffer(layer)
                 checked += len(node_contents)
                 if not (torch.equal(k_buf.index_select(0, index), k_want)

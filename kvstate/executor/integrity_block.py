@@ -1,8 +1,8 @@
 """Integrity mode for block-mode (vLLM) states: null positions, cached blocks, seeding, tree reads.
 
 Helpers of :class:`~kvstate.executor.integrity.IntegrityMonitor`; they read
-and update the monitor's bookkeeping (``slot_content``, ``req_content``,
-``errors``) and write tags through it, never a ``State``.
+and update the monitor's bookkeeping (``slot_content``, ``errors``) and write
+tags through it, never a ``State``.
 
 In block mode a tree node is one block that may have several cached copies
 (one per page), each written by whichever request computed it, so the
@@ -21,7 +21,7 @@ from typing import Any
 from kvstate.executor.plan import node_depth, page_slots
 from kvstate.state import ROOT, State
 
-Content = tuple[int, int]
+Content = tuple[int, int]  # (writer uid, position the KV was computed for)
 NULL_UID = -1  # content uid of a null-page position: (NULL_UID, row of page 0)
 
 
@@ -56,25 +56,12 @@ def cache_blocks(monitor: Any, cached: Iterable[tuple[int, int, Sequence[int]]])
         monitor.write_tags(fresh_slots, fresh)
 
 
-def seed_block_state(monitor: Any, state: State) -> None:
-    """Tag what a non-empty block-mode state already maps (cached pages, then request tables)."""
+def seed_block_cache(monitor: Any, state: State) -> None:
+    """Tag the cached pages a non-empty block-mode state already holds (as if freshly written)."""
     size = state.geometry.page_size
     depths = _depths(state)
     cache_blocks(monitor, [(node_id, depths[node_id], page_slots((page,), size))
                            for page, node_id in sorted(state.page_node.items())])
-    for request_id in state.requests.keys():
-        monitor.uid_of[request_id] = monitor._fresh_uid()
-        monitor.req_content[request_id] = []
-        fresh = []
-        for position, slot in enumerate(state.slots_of(request_id)):
-            content = monitor.slot_content.get(slot)
-            if slot < size:
-                monitor._set(request_id, position, null_content(position, size))
-            elif content is not None and content[1] == position:
-                monitor._set(request_id, position, content)
-            else:
-                fresh.append((request_id, position, slot))
-        monitor._write_request_tokens(state, fresh)
 
 
 def block_tree_reads(monitor: Any, state: State, problems: list[str]

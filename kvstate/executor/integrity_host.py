@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from kvstate.state import State
-
-Content = tuple[int, int]
+from kvstate.executor.integrity_block import Content
+from kvstate.executor.integrity_tags import TagRows
+from kvstate.state import State, expand_pages
 
 
 def verify_host(monitor: Any, state: State, problems: list[str]) -> int:
@@ -30,16 +30,18 @@ def verify_host(monitor: Any, state: State, problems: list[str]) -> int:
         if record is None or len(record) != len(pages) * size:
             problems.append(f"backed-up node {node_id} has no matching tag record")
             continue
-        host_slots.extend(page * size + offset for page in pages for offset in range(size))
+        host_slots.extend(expand_pages(pages, size))
         contents.extend(record)
     for node_id in tier.evicted.keys():
         if node_id not in monitor.node_content:
             problems.append(f"host-only node {node_id} has no tag record")
     if not contents:
         return 0
+    rows = TagRows(contents, ex.device)
+    index = torch.tensor(host_slots, dtype=torch.int64)
     for layer in range(ex.layer_num):
-        want = monitor.expected(contents, layer)
-        got = pool.read(layer, host_slots)
+        want = monitor.expected(rows, layer)
+        got = pool.read(layer, index)
         if not all(torch.equal(g, w.cpu()) for g, w in zip(got, want, strict=False)):
             problems.append(f"layer {layer}: a host copy does not read back its node's tags")
     return len(contents) * ex.layer_num

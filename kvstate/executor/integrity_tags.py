@@ -20,12 +20,11 @@ from typing import Any
 
 import torch
 
-from kvstate.executor.integrity_block import NULL_UID
+from kvstate.executor.integrity_block import NULL_UID, Content
 from kvstate.executor.mla import MLATorchExecutor
 
-__all__ = ["Content", "expected_tags", "tag_values", "write_tags"]
+__all__ = ["Content", "TagRows", "expected_tags", "tag_values", "write_tags"]
 
-Content = tuple[int, int]  # (writer uid, position the KV was computed for)
 _M1, _M2, _M3 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D
 _M4, _M5 = 0x27D4EB2F, 0x165667B1
 
@@ -44,13 +43,38 @@ def tag_values(uids: torch.Tensor, positions: torch.Tensor, layer: int, width: i
     return (x & 255) - 128
 
 
-def expected_tags(executor: Any, contents: Sequence[Content],
+class TagRows:
+    """``contents`` as index tensors on ``device``, built once and read for every layer.
+
+    ``null`` (indices into ``contents``) and ``null_rows`` (their padding
+    rows) are ``None`` when no content is a null-page position; that is
+    decided on the host, so the per-layer work never waits for the device.
+    Owns only its tensors.
+    """
+
+    __slots__ = ("uids", "positions", "null", "null_rows")
+
+    def __init__(self, contents: Sequence[Content], device: torch.device) -> None:
+        self.uids = torch.tensor([c[0] for c in contents], dtype=torch.int64, device=device)
+        self.positions = torch.tensor([c[1] for c in contents], dtype=torch.int64, device=device)
+        null = [index for index, c in enumerate(contents) if c[0] == NULL_UID]
+        self.null: torch.Tensor | None = None
+        self.null_rows: torch.Tensor | None = None
+        if null:
+            self.null = torch.tensor(null, dtype=torch.int64, device=device)
+            self.null_rows = torch.tensor([contents[i][1] for i in null], dtype=torch.int64,
+                                          device=device)
+
+
+def expected_tags(executor: Any, contents: Sequence[Content] | TagRows,
                   layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expected ``(k, v)`` rows for ``contents`` in one layer, in the buffers' dtype."""
+    """Expected ``(k, v)`` rows for ``contents`` in one layer, in the buffers' dtype.
+
+    Pass a :class:`TagRows` to reuse its index tensors across layers.
+    """
     ex = executor
-    device = ex.device
-    uids = torch.tensor([c[0] for c in contents], dtype=torch.int64, device=device)
-    positions = torch.tensor([c[1] for c in contents], dtype=torch.int64, device=device)
+    rows = contents if isinstance(contents, TagRows) else TagRows(contents, ex.device)
+    uids, positions = rows.uids, rows.positions
     if isinstance(ex, MLATorchExecutor):
         k = tag_values(uids, positions, layer, ex.config.row_width, 0).to(ex.dtype)
         v = k[:, : ex.kv_lora_rank]
@@ -59,12 +83,12 @@ def expected_tags(executor: Any, contents: Sequence[Content],
             -1, ex.head_num, ex.head_dim)
         v = tag_values(uids, positions, layer, ex.head_num * ex.v_head_dim, 1).to(ex.dtype).view(
             -1, ex.head_num, ex.v_head_dim)
-    null = (uids == NULL_UID).nonzero().flatten()
-    if null.numel():  # null-page positions read the padding page as it is
+    if rows.null is not None and rows.null_rows is not None:
+        # null-page positions read the padding page as it is
         k_buf, v_buf = ex.get_kv_buffer(layer)
-        k[null] = k_buf.index_select(0, positions[null])
+        k[rows.null] = k_buf.index_select(0, rows.null_rows)
         if not isinstance(ex, MLATorchExecutor):
-            v[null] = v_buf.index_select(0, positions[null])
+            v[rows.null] = v_buf.index_select(0, rows.null_rows)
     return k, v
 
 
@@ -72,6 +96,8 @@ def write_tags(executor: Any, slots: Sequence[int], contents: Sequence[Content])
     """Write the tags of ``contents`` at ``slots`` in every layer (the forward pass's writes)."""
     if not slots:
         return
+    rows = TagRows(contents, executor.device)
+    index = torch.tensor(list(slots), dtype=torch.int64, device=executor.device)
     for layer in range(executor.layer_num):
-        k, v = expected_tags(executor, contents, layer)
-        executor.set_kv_buffer(layer, slots, k, v)
+        k, v = expected_tags(executor, rows, layer)
+        executor.set_kv_buffer(layer, index, k, v)

@@ -8,15 +8,14 @@ tensor; ``kv_buffer[layer]`` is a view of it.  The value is the first
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import torch
 
-from kvstate.executor.buffers import POISON, _Mirror, default_device, element_size
-from kvstate.executor.copies import PageViews, copy_pages_between, copy_slots_within
-from kvstate.state import Geometry, State
+from kvstate.executor.buffers import _Mirror, default_device, element_size
+from kvstate.executor.copies import PageViews
+from kvstate.state import Geometry
 
 
 @attrs.frozen
@@ -57,6 +56,7 @@ class MLATorchExecutor(_Mirror):
         self.rows = (num_pages + 1) * page_size
         self._kv = torch.zeros((self.layer_num, self.rows, config.row_width), dtype=dtype,
                                device=self.device)
+        self.row_buffers = (self._kv,)
         self.kv_buffer = [self._kv[layer] for layer in range(self.layer_num)]
         self.page_views = PageViews([self._kv], page_size)
         if self.nbytes != config.bytes_per_token * self.rows:
@@ -81,20 +81,3 @@ class MLATorchExecutor(_Mirror):
         layer_id = int(getattr(layer, "layer_id", layer))
         index = self._slot_index(loc)
         self.kv_buffer[layer_id][index] = cache_k.to(self.dtype).reshape(-1, self.config.row_width)
-
-    def copy_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
-        copy_slots_within(self.page_views, [self._kv], src_slots, dst_slots)
-
-    def copy_pages(self, src_pages: Sequence[int], dst_pages: Sequence[int]) -> None:
-        copy_pages_between(self.page_views, self.page_views, src_pages, dst_pages)
-
-    def poison_slots(self, slots: Sequence[int]) -> None:
-        self._kv.index_fill_(1, self._slot_index(slots), POISON)
-
-    def gather_kv(self, state: State, request: Any, layer: int,
-                  out: tuple[torch.Tensor, torch.Tensor] | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A request's K/V in one layer, contiguous in token order (see ``exports.gather_kv``)."""
-        from kvstate.executor.exports import gather_kv
-
-        return gather_kv(self, state, request, layer, out)

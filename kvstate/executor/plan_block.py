@@ -74,7 +74,9 @@ def _block_take(before: State, after: State, event: Event) -> IndexPlan:
     start = before.requests[event.holder].allocated
     real, null = _table_tokens(event.holder, start, event.pages, before.geometry.page_size)
     if isinstance(event, BlockAlloc):
-        return IndexPlan(new_tokens=tuple(real), nulled_tokens=tuple(null))
+        # Allocated pages are the free-queue head, which never holds the null page 0
+        # (both reducers reject anything else), so ``null`` is empty here.
+        return IndexPlan(new_tokens=tuple(real))
     return IndexPlan(linked_tokens=tuple(real), nulled_tokens=tuple(null))
 
 

@@ -27,16 +27,29 @@ def fifo_priority(state: State, node_id: int) -> tuple[int, int]:
     return (node_id, node_id)  # node ids are handed out in creation order
 
 
-def _mapped(state: State, node_id: int) -> bool:
-    """A request maps this node's pages without holding them (an unlocked prefix: never evict)."""
+def _mapped_nodes(state: State) -> set[int]:
+    """Tree nodes whose pages a request maps without holding them (an unlocked prefix: never evict).
+
+    ``tree_refs`` only counts tree pages, so each names its node through ``page_node``.
+    """
     tree_refs = state.tree_refs
-    return bool(tree_refs) and any(page in tree_refs for page in state.nodes[node_id].pages)
+    if not tree_refs:
+        return set()
+    page_node = state.page_node
+    return {page_node[page] for page in tree_refs.keys() if page in page_node}
 
 
-def evictable_leaves(state: State) -> list[int]:
-    """Unlocked childless nodes below the root that no request still maps."""
+def evictable_leaves(state: State, mapped: set[int] | None = None) -> list[int]:
+    """Unlocked childless nodes below the root that no request still maps.
+
+    ``mapped`` is ``_mapped_nodes(state)`` when the caller has it already.
+    """
     if state.geometry.mode == "radix":
-        return [n for n in state.leaves.keys() if not _mapped(state, n)]
+        if mapped is None:
+            mapped = _mapped_nodes(state)
+        if not mapped:
+            return list(state.leaves.keys())
+        return [n for n in state.leaves.keys() if n not in mapped]
     return [
         node_id
         for node_id, node in state.nodes.items()
@@ -46,7 +59,8 @@ def evictable_leaves(state: State) -> list[int]:
 
 def eviction_order(state: State, num_tokens: int, priority: Priority = lru_priority) -> list[int]:
     """Node ids to evict, in order, until at least ``num_tokens`` are covered (or none remain)."""
-    heap = [(priority(state, n), n) for n in evictable_leaves(state)]
+    mapped = _mapped_nodes(state)
+    heap = [(priority(state, n), n) for n in evictable_leaves(state, mapped)]
     heapq.heapify(heap)
     remaining_children: dict[int, int] = {}
     order: list[int] = []
@@ -62,7 +76,7 @@ def eviction_order(state: State, num_tokens: int, priority: Priority = lru_prior
             continue
         left = remaining_children.get(parent_id, len(nodes[parent_id].children)) - 1
         remaining_children[parent_id] = left
-        if left == 0 and nodes[parent_id].lock_ref == 0 and not _mapped(state, parent_id):
+        if left == 0 and nodes[parent_id].lock_ref == 0 and parent_id not in mapped:
             heapq.heappush(heap, (priority(state, parent_id), parent_id))
     return order
 

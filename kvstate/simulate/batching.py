@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from kvstate.simulate.driver import ProgressCallback, TraceSimulator
-from kvstate.simulate.settings import SimulationResult
+from kvstate.simulate.settings import SimulationResult, check_batching
 from kvstate.traces.records import TraceRequest
 
 if TYPE_CHECKING:
@@ -54,10 +54,7 @@ class BatchingSimulator:
     def __init__(
         self, simulator: TraceSimulator | VllmTraceSimulator, max_running: int, step_ms: float
     ) -> None:
-        if max_running < 1:
-            raise ValueError(f"max_running must be >= 1, got {max_running}")
-        if not step_ms > 0:
-            raise ValueError(f"step_ms must be > 0, got {step_ms}")
+        check_batching(max_running, step_ms)
         self.simulator = simulator
         self.max_running = max_running
         self.step_s = step_ms / 1000.0

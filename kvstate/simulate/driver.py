@@ -155,18 +155,11 @@ class TraceSimulator(PointSimulator):
         return request.token_ids(), None, request.output_length if self.settings.decode else 0
 
     def _measure(self, key: Sequence[int], weights: tuple[int, ...] | None, matched: int) -> None:
-        counters = self.counters
-        counters.measured += 1
-        if weights is None:
-            counters.hit_tokens += matched
-            counters.total_tokens += len(key)
-            counters.hit_blocks += matched // self.page_size
-            counters.total_blocks += -(-len(key) // self.page_size)
-        else:
-            counters.hit_tokens += sum(weights[:matched])
-            counters.total_tokens += sum(weights)
-            counters.hit_blocks += matched
-            counters.total_blocks += len(key)
+        if weights is not None:  # block granularity: one unit per hash block (len(key) units)
+            self._measure_units(weights, matched)
+            return
+        size = self.page_size
+        self._measure_counts(matched, len(key), matched // size, -(-len(key) // size))
 
     def admit(
         self, index: int, request: TraceRequest, measured: bool, count_if_refused: bool = True

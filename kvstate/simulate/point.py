@@ -12,7 +12,7 @@ them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,20 @@ class PointSimulator:
 
     def step(self, index: int, request: TraceRequest, measured: bool) -> None:
         raise NotImplementedError
+
+    def _measure_counts(self, hit_tokens: int, total_tokens: int, hit_blocks: int,
+                        total_blocks: int) -> None:
+        """Count one measured lookup (hits against totals, in tokens and in blocks)."""
+        counters = self.counters
+        counters.measured += 1
+        counters.hit_tokens += hit_tokens
+        counters.total_tokens += total_tokens
+        counters.hit_blocks += hit_blocks
+        counters.total_blocks += total_blocks
+
+    def _measure_units(self, weights: Sequence[int], hit_units: int) -> None:
+        """Count one measured lookup in block units of ``weights`` tokens; the first ``hit_units`` hit."""
+        self._measure_counts(sum(weights[:hit_units]), sum(weights), hit_units, len(weights))
 
     def run(
         self,

@@ -21,6 +21,20 @@ def _positive(instance: Any, attribute: attrs.Attribute[Any], value: int) -> Non
         raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
+def check_batching(max_running: int | None, step_ms: float) -> None:
+    """``max_running`` is ``None`` or a positive int; with batching, ``step_ms`` must be > 0.
+
+    The one check of the batching parameters (``SimulationSettings`` and
+    ``batching.BatchingSimulator`` both call it); raises ``ValueError``.
+    """
+    if max_running is None:
+        return
+    if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
+        raise ValueError(f"max_running must be a positive integer, got {max_running!r}")
+    if not step_ms > 0:
+        raise ValueError(f"step_ms must be > 0, got {step_ms}")
+
+
 def _fraction(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{attribute.name} must be in [0, 1), got {value!r}")
@@ -51,7 +65,8 @@ class SimulationSettings:
             a number replays arrival times with continuous batching, at most
             that many requests at once (``kvstate.simulate.batching``).
         step_ms: duration of one decode iteration under batching (a model
-            parameter; the traces do not record engine speed).
+            parameter; the traces do not record engine speed); must be > 0
+            when ``max_running`` is set (unused otherwise).
     """
 
     capacity_tokens: int = attrs.field(validator=_positive)
@@ -62,13 +77,11 @@ class SimulationSettings:
     eviction_unit: EvictionUnit = "node"
     cache_output: bool = False
     decode: bool = True
-    max_running: int | None = attrs.field(default=None)
+    max_running: int | None = None
     step_ms: float = 20.0
 
-    @max_running.validator
-    def _check_running(self, attribute: attrs.Attribute[Any], value: int | None) -> None:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"max_running must be a positive integer, got {value!r}")
+    def __attrs_post_init__(self) -> None:
+        check_batching(self.max_running, self.step_ms)
 
 
 @attrs.frozen

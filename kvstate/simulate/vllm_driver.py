@@ -166,14 +166,17 @@ class VllmTraceSimulator(PointSimulator):
                 self.counters.filled = True
 
     def _note_peak(self) -> None:
-        """Pages held or cached: every held page plus the cached pages nobody holds."""
+        """Pages held or cached: every held page plus the cached pages nobody holds.
+
+        A held page is one with a holder (not in the free queue); a cached page
+        nobody holds sits in the free queue yet still takes room.  A page held
+        by several requests (a shared prefix under batching) counts once.
+        """
         state = self.engine.state
-        held = self.pool_pages - len(state.free_pages)
+        holders = state.holders
         page_node = state.page_node
-        held_cached = 0
-        for record in state.requests.values():
-            held_cached += sum(1 for page in record.pages if page and page in page_node)
-        occupied = held + len(page_node) - held_cached
+        held_cached = sum(1 for page in holders if page in page_node)
+        occupied = len(holders) + len(page_node) - held_cached
         counters = self.counters
         counters.peak = max(counters.peak, occupied)
         if self._warming and occupied == self.pool_pages == self.capacity_pages:
@@ -200,12 +203,7 @@ class VllmTraceSimulator(PointSimulator):
         new_units = len(units) - hit_units
         admitted = manager.allocate_slots(unit_request, new_units, hit_units, hits) is not None  # type: ignore[arg-type]
         if measured and (admitted or count_if_refused):
-            counters = self.counters
-            counters.measured += 1
-            counters.hit_tokens += sum(weights[:hit_units])
-            counters.total_tokens += sum(weights)
-            counters.hit_blocks += hit_units
-            counters.total_blocks += len(units)
+            self._measure_units(weights, hit_units)
         if not admitted:
             manager.free(unit_request.request_id)
             return None
