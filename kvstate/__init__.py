@@ -1,19 +1,24 @@
 """kvstate: an event-sourced, model-checked KV-cache manager for LLM serving.
 
-The core is an immutable ``State``, fact ``events`` and a pure reducer
-``apply``; the planner holds all policy; front ends (``kvstate.sglang``)
-expose engine APIs on top.  See README.md for a map of the modules.
+Fact ``events`` change a state through rules written once
+(``kvstate.rules``) that run on two backends: ``apply(state, event)``
+returns a new immutable ``State`` (``kvstate.backends.persistent``), and the
+``Engine`` changes a ``LiveState`` in place (``kvstate.backends.live``).
+The planner holds all policy; front ends (``kvstate.sglang``,
+``kvstate.vllm``, the seed-002 ``KVCacheManager``) expose engine APIs on top.
+See README.md for a map of the modules.
 """
 
 from kvstate import events
+from kvstate.backends.live import LiveState
+from kvstate.backends.persistent import apply, apply_all
 from kvstate.config import ModelConfig, align_to_page, default_max_num_reqs
 from kvstate.engine import Engine
 from kvstate.errors import InvalidEvent, OutOfMemory
 from kvstate.invariants import Violation, check
-from kvstate.reducer import apply, apply_all
 from kvstate.state import DETACHED, ROOT, Geometry, State, initial_state
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Front ends that need torch load on first use, so ``import kvstate`` stays light.
 _LAZY = {
@@ -41,6 +46,7 @@ __all__ = [
     "Geometry",
     "InvalidEvent",
     "KVCacheManager",
+    "LiveState",
     "ModeError",
     "ReservationExceeded",
     "TorchExecutor",

@@ -1,43 +1,149 @@
-"""``Engine``: the one mutable cell around the immutable core.
+"""``Engine``: the one mutable cell around the rules.
 
-An engine owns the current ``State`` and the list of events applied so far.
+An engine owns the current state and (optionally) the events applied so far.
 Front ends (the SGLang objects, the seed-002 manager, the vLLM classes)
-share one engine; every change goes through :meth:`apply` or
-:meth:`commit`, which notify subscribers (a log recorder, a torch executor)
-after the state has moved.  ``apply`` either applies an event or raises
-``InvalidEvent`` and leaves everything as it was.
+share one engine; every change goes through :meth:`apply` (one event) or a
+:meth:`batch` (the events of one planner decision).  Backends:
+
+* ``"live"`` (the default): the rules change a ``LiveState`` in place.
+  ``engine.view`` is that live state (read it, never write it);
+  ``engine.state`` freezes it into a ``State``, cached until the next event,
+  in time proportional to the events since the last freeze when that is
+  cheaper than a full copy (they are re-applied to the last frozen state).
+* ``"persistent"``: every event makes a new frozen ``State``; ``view`` and
+  ``state`` are the same object.  For checking.
+
+``verify_every=N`` re-applies each run of N events to the last verified
+snapshot through the persistent backend and compares fingerprints: a
+production engine checking itself on a sample, at the cost of N persistent
+steps plus two fingerprints per N events.
+
+Listeners (a recorder, an executor, the request-table tensor) subscribe with
+:meth:`subscribe`.  A listener may define ``before(event, view)``, called
+before each event's rule (read-only: it sees the state the event applies
+to; it then also defines ``discard(event)``, called when the rule refuses
+that event), and must define ``after(events, view)``, called once per
+committed batch, after every event of it was applied.  So a listener that fails never
+leaves the engine between two events of a decision: the batch is applied
+whole, the failing listener is detached, and its error is raised after the
+others ran.  A plain callable ``fn(event, view)`` is called per event from
+``after`` (it then sees the state after the whole batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from kvstate.events import Event
-from kvstate.planner.builder import Plan
-from kvstate.reducer import apply as reduce
+from kvstate.backends.live import LiveState
+from kvstate.backends.persistent import apply_valid
+from kvstate.errors import InvalidEvent
+from kvstate.events import Event, EventDecodeError, validated
 from kvstate.state import Geometry, State, initial_state
 
 R = TypeVar("R")
-Listener = Callable[[Event, State], None]
+BACKENDS = ("live", "persistent")
+
+
+class EngineBroken(RuntimeError):
+    """A batch failed after it had changed the live state and could not be rolled back.
+
+    Only a planner bug can cause this (a planner's later event refused by the
+    rules); the engine refuses further use rather than go on from a state no
+    event sequence explains.
+    """
+
+
+class VerificationError(AssertionError):
+    """The live backend and the persistent backend disagree (``verify_every``)."""
+
+    def __init__(self, index: int, event: Event, message: str) -> None:
+        self.index = index
+        self.event = event
+        super().__init__(f"event #{index} {event!r}: {message}")
+
+
+class ListenerError(RuntimeError):
+    """A listener raised while a committed batch was delivered; the batch stays applied."""
+
+    def __init__(self, listener: Any, error: BaseException) -> None:
+        self.listener = listener
+        self.error = error
+        super().__init__(f"listener {listener!r} failed and was detached: {error!r}")
+
+
+class _CallableListener:
+    """Adapts ``fn(event, view)`` to the batch protocol."""
+
+    def __init__(self, fn: Callable[[Event, Any], None]) -> None:
+        self.fn = fn
+
+    def after(self, events: Sequence[Event], view: Any) -> None:
+        fn = self.fn
+        for event in events:
+            fn(event, view)
+
+    def __repr__(self) -> str:
+        return repr(self.fn)
 
 
 class Engine:
-    """Holds ``state`` and ``events``; mutates only through ``apply``/``commit``/``configure``."""
+    """Holds the state and the events; mutates only through ``apply`` / ``batch``."""
 
     def __init__(self, geometry: Geometry | None = None, *, state: State | None = None,
-                 keep_events: bool = True) -> None:
+                 backend: str = "live", verify_every: int = 0, keep_events: bool = True,
+                 host_pages: int = 0) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if isinstance(verify_every, bool) or not isinstance(verify_every, int) or verify_every < 0:
+            raise ValueError(f"verify_every must be an int >= 0, got {verify_every!r}")
         if state is None:
-            state = initial_state(geometry if geometry is not None else Geometry(num_pages=1))
-        self._state = state
+            state = initial_state(geometry if geometry is not None else Geometry(num_pages=1),
+                                  host_pages=host_pages)
+        self.backend = backend
+        self.verify_every = verify_every
+        self._keep_events = keep_events
         self._initial = state
         self._events: list[Event] = []
-        self._keep_events = keep_events
-        self._listeners: list[Listener] = []
+        self._listeners: list[Any] = []
+        self._befores: list[Any] = []
+        self._broken: BaseException | None = None
+        self._batch: list[Event] | None = None
+        self._reset_to(state)
+
+    def _reset_to(self, state: State) -> None:
+        self._live = LiveState.thaw(state) if self.backend == "live" else None
+        self._current = state  # persistent backend: the state; live: unused
+        self._frozen: State | None = state  # the last frozen state (live backend)
+        self._journal: list[Event] | None = []  # events since ``_frozen`` (None: not kept)
+        self._verified = state
+        self._unverified: list[Event] = []
+
+    # -- reading ------------------------------------------------------------------
+    @property
+    def view(self) -> Any:
+        """The current state for reading: the ``LiveState`` itself, or the frozen ``State``."""
+        return self._live if self._live is not None else self._current
 
     @property
     def state(self) -> State:
-        return self._state
+        """The current state, frozen (cached until the next event)."""
+        if self._live is None:
+            return self._current
+        live = self._live
+        frozen = self._frozen
+        if frozen is not None and frozen.seq == live.seq:
+            return frozen
+        journal = self._journal
+        if frozen is not None and journal is not None and len(journal) <= _replay_budget(live):
+            for event in journal:
+                frozen = apply_valid(frozen, event)
+        else:
+            frozen = live.freeze()
+        self._frozen = frozen
+        self._journal = []
+        return frozen
 
     @property
     def initial_state(self) -> State:
@@ -45,60 +151,196 @@ class Engine:
 
     @property
     def events(self) -> Sequence[Event]:
-        """Events applied so far (a read-only tuple copy)."""
+        """Events applied so far (a read-only tuple copy; empty with ``keep_events=False``)."""
         return tuple(self._events)
 
     @property
     def geometry(self) -> Geometry:
-        return self._state.geometry
+        return self._initial.geometry
+
+    @property
+    def seq(self) -> int:
+        return int(self.view.seq)
 
     def configure(self, **changes: Any) -> None:
         """Change the geometry of a fresh engine (before any event was applied)."""
-        if self._state.seq != 0:
+        if self.seq != self._initial.seq or self._initial.seq != 0:
             raise RuntimeError("an engine's geometry is fixed once events were applied")
-        geometry = Geometry(**{**_geometry_fields(self._state.geometry), **changes})
-        self._state = self._initial = initial_state(geometry)
+        fields = {"num_pages": self.geometry.num_pages, "page_size": self.geometry.page_size,
+                  "num_rows": self.geometry.num_rows, "row_width": self.geometry.row_width,
+                  "mode": self.geometry.mode, **changes}
+        host = self._initial.host
+        self._initial = initial_state(Geometry(**fields),
+                                      host_pages=0 if host is None else host.num_pages)
+        self._reset_to(self._initial)
 
-    def subscribe(self, listener: Listener) -> None:
-        """Call ``listener(event, state_after)`` after every applied event."""
+    # -- listeners ------------------------------------------------------------------
+    def subscribe(self, listener: Any) -> None:
+        """Add a listener (an object with ``after`` and maybe ``before``, or a callable)."""
+        if not hasattr(listener, "after"):
+            if not callable(listener):
+                raise TypeError("a listener needs an after(events, view) method or must be callable")
+            listener = _CallableListener(listener)
         self._listeners.append(listener)
+        if hasattr(listener, "before"):
+            self._befores.append(listener)
 
-    def unsubscribe(self, listener: Listener) -> None:
-        self._listeners.remove(listener)
+    def unsubscribe(self, listener: Any) -> None:
+        for entry in list(self._listeners):
+            if entry is listener or getattr(entry, "fn", None) is listener:
+                self._listeners.remove(entry)
+                if entry in self._befores:
+                    self._befores.remove(entry)
+                return
+        raise ValueError(f"{listener!r} is not subscribed")
 
-    def apply(self, event: Event) -> State:
-        self._state = reduce(self._state, event)
-        self._record(event, self._state)
-        return self._state
+    # -- changing ---------------------------------------------------------------------
+    def apply(self, event: Event) -> None:
+        """Validate and apply one event; ``InvalidEvent`` (nothing changed) if it is not legal."""
+        try:
+            event = validated(event)
+        except EventDecodeError as exc:
+            raise InvalidEvent(event, self.seq, str(exc)) from None
+        with self.batch() as batch:
+            batch.emit(event)
 
-    def commit(self, plan: Plan[R]) -> R:
-        """Adopt a plan computed from the current state (its events are already validated)."""
-        if plan.base is not self._state:
-            raise RuntimeError("plan was computed from a different state than the engine's")
-        if plan.events:
-            if self._listeners:
-                # Listeners see the state after each event (the plan kept them all).
-                for event, state in zip(plan.events, plan.states, strict=True):
-                    self._state = state
-                    self._record(event, state)
-                return plan.result
-            if self._keep_events:
-                self._events.extend(plan.events)
-        self._state = plan.state
+    @contextmanager
+    def batch(self) -> Iterator[Batch]:
+        """Apply the events of one decision; listeners see them when the block ends.
+
+        If the block raises after events were applied, the live backend rolls
+        back when it can (a frozen state and the events since it are known)
+        and otherwise refuses further use (``EngineBroken``).
+        """
+        if self._broken is not None:
+            raise EngineBroken(f"engine unusable after an earlier failure: {self._broken}")
+        if self._batch is not None:
+            raise RuntimeError("batches do not nest; emit into the open batch")
+        events: list[Event] = []
+        self._batch = events
+        start_state = self._current
+        start_seq = self.seq
+        start_journal = None if self._journal is None else len(self._journal)
+        try:
+            yield Batch(self, events)
+        except BaseException as exc:
+            self._batch = None
+            if events:
+                self._roll_back(start_state, start_seq, start_journal, exc)
+            raise
+        self._batch = None
+        if events:
+            self._commit(events)
+
+    def emit(self, event: Event) -> None:
+        """Apply a well-typed event inside the open batch (planners)."""
+        if self._batch is None:
+            raise RuntimeError("emit needs an open batch (engine.batch())")
+        view = self.view
+        befores = self._befores
+        for listener in befores:
+            listener.before(event, view)
+        try:
+            if self._live is not None:
+                self._live.apply(event)
+            else:
+                self._current = apply_valid(self._current, event)
+        except InvalidEvent:
+            for listener in befores:  # the event did not happen: forget what was prepared
+                listener.discard(event)
+            raise
+        if self._journal is not None:
+            self._journal.append(event)
+        self._batch.append(event)
+
+    def commit(self, plan: Any) -> Any:
+        """Apply a ``Plan`` computed elsewhere (its events, in one batch); its result."""
+        with self.batch() as batch:
+            for event in plan.events:
+                batch.emit(event)
         return plan.result
 
-    def _record(self, event: Event, state: State) -> None:
+    def _commit(self, events: list[Event]) -> None:
         if self._keep_events:
-            self._events.append(event)
-        for listener in self._listeners:
-            listener(event, state)
+            self._events.extend(events)
+        if self._journal is not None and len(self._journal) > _JOURNAL_LIMIT:
+            self._journal = None  # too long to replay: the next freeze copies instead
+            self._frozen = None
+        if self.verify_every:
+            self._unverified.extend(events)
+            if len(self._unverified) >= self.verify_every:
+                self._verify()
+        failures = []
+        view = self.view
+        for listener in list(self._listeners):
+            try:
+                listener.after(events, view)
+            except Exception as exc:  # a failing listener is detached, the others still run
+                self.unsubscribe(listener)
+                failures.append(ListenerError(listener, exc))
+        if failures:
+            raise failures[0]
+
+    def _roll_back(self, start_state: State, start_seq: int, start_journal: int | None,
+                   exc: BaseException) -> None:
+        if self._live is None:
+            self._current = start_state
+            return
+        frozen, journal = self._frozen, self._journal
+        if frozen is not None and journal is not None and start_journal is not None:
+            state = frozen
+            for event in journal[:start_journal]:
+                state = apply_valid(state, event)
+            self._live = LiveState.thaw(state)
+            self._frozen, self._journal = state, []
+            return
+        self._broken = exc
+        raise EngineBroken(f"a batch failed after {self.seq - start_seq} of its events were "
+                           f"applied and cannot be rolled back: {exc}") from exc
+
+    def _verify(self) -> None:
+        events, self._unverified = self._unverified, []
+        state = self._verified
+        for event in events:
+            state = apply_valid(state, event)
+        live = self._live
+        if live is None or state.fingerprint() == live.fingerprint():
+            self._verified = state
+            return
+        self._broken = AssertionError("verification failed")
+        replay = LiveState.thaw(self._verified)
+        state = self._verified
+        base = self.seq - len(events)
+        for index, event in enumerate(events):
+            state = apply_valid(state, event)
+            replay.apply(event)
+            if state.fingerprint() != replay.fingerprint():
+                raise VerificationError(base + index, event,
+                                        "the live and persistent backends diverge here")
+        raise VerificationError(self.seq - 1, events[-1],
+                                "the live state differs from a fresh replay of the same events")
 
 
-def _geometry_fields(geometry: Geometry) -> dict[str, Any]:
-    return {
-        "num_pages": geometry.num_pages,
-        "page_size": geometry.page_size,
-        "num_rows": geometry.num_rows,
-        "row_width": geometry.row_width,
-        "mode": geometry.mode,
-    }
+class Batch:
+    """The handle a planner emits into: ``state`` to read, ``emit`` to apply."""
+
+    __slots__ = ("engine", "events")
+
+    def __init__(self, engine: Engine, events: list[Event]) -> None:
+        self.engine = engine
+        self.events = events
+
+    @property
+    def state(self) -> Any:
+        return self.engine.view
+
+    def emit(self, event: Event) -> None:
+        self.engine.emit(event)
+
+
+_JOURNAL_LIMIT = 1 << 16
+
+
+def _replay_budget(live: LiveState) -> int:
+    """How many events re-applied cost about as much as one full freeze of ``live``."""
+    return max(64, (len(live.holders) + len(live.nodes) + len(live.requests)) // 8)

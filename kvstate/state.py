@@ -1,4 +1,4 @@
-"""The immutable state of a KV cache: request rows, pages, radix tree, clock.
+"""The frozen state of a KV cache: request rows, pages, radix tree, clock, host tier.
 
 Ownership (who holds which page)::
 
@@ -11,12 +11,12 @@ Ownership (who holds which page)::
                                     DETACHED  (allocated by a bare allocator call,
                                                not yet written into a request row)
 
-A request's table maps token positions to slots through its page table:
-``slot(pos) = pages[pos // P] * P + pos % P``.  Table entries may point at
-pages the request holds or at tree pages it matched (protected by locks, not
-by a hold).  Everything here is frozen; the reducer returns new states that
-share structure with the old one, so keeping an old state (a backup, a parent
-in the explorer) costs nothing.
+A ``State`` is immutable: ``kvstate.apply`` (the persistent backend) returns a
+new one that shares structure with the old, so keeping an old state (a backup,
+a parent in the explorer) costs nothing.  The live engine keeps the same
+fields in mutable containers (``kvstate.backends.live.LiveState``) and
+produces a ``State`` on demand.  Every reader (invariants, encoding, planner,
+exports) uses only the attribute names defined here, so it takes either.
 """
 
 from __future__ import annotations
@@ -24,19 +24,22 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator, Sequence
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any
 
 import attrs
 from immutables import Map
-from pyrsistent import PVector, pvector
 
+from kvstate import canonical
 from kvstate.freequeue import FreeQueue
+from kvstate.records import ChildKey, HostNode, Node, Request, RequestId
 
 DETACHED = 0  # holder id of pages handed out by a bare allocator call
 ROOT = 0  # node id of the radix tree's root
-RequestId = int | str
-ChildKey = int | tuple[Any, ...]
 MODES = ("radix", "block")
+
+__all__ = ["DETACHED", "MODES", "ROOT", "ChildKey", "Geometry", "HostNode", "HostTier", "Node",
+           "Request", "RequestId", "State", "block_child_key", "expand_pages", "initial_state",
+           "slot_span"]
 
 
 @attrs.frozen
@@ -48,7 +51,7 @@ class Geometry:
     ``"radix"`` (SGLang-style tree: tree pages are never free) or ``"block"``
     (vLLM-style block pool: one node per page-sized block, a node may hold
     several physical copies, and a cached page with no holder stays in the
-    free queue as an eviction candidate; see ``kvstate.reducer.block``).
+    free queue as an eviction candidate; see ``kvstate.rules.block``).
     """
 
     num_pages: int
@@ -73,7 +76,7 @@ class Geometry:
     def num_slots(self) -> int:
         return self.num_pages * self.page_size
 
-    def child_key(self, key: tuple[int, ...]) -> ChildKey:
+    def child_key(self, key: Sequence[int]) -> ChildKey:
         """Index of a child under its parent: first token, or first page of tokens."""
         return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
 
@@ -88,31 +91,32 @@ def block_child_key(key: tuple[int, ...], extra: Any = None) -> tuple[Any, ...]:
     return tuple(key) if extra is None else (*key, repr(extra))
 
 
-class Node(NamedTuple):
-    """A radix-tree node.  ``pages`` back ``key`` page by page (len(key) == len(pages) * P).
+@attrs.frozen
+class HostTier:
+    """Where tree nodes' KV lives on the host, besides the device (frozen).
 
-    An immutable record (a NamedTuple: cheap to build on the hot path); change
-    it with ``node._replace(...)``.
+    A tree node is device-only, device + host (in ``backup``), or host-only
+    (in ``evicted`` and ``backup``: its device copy was evicted; it keeps its
+    id, parent and key and hangs off its parent through ``evicted_children``).
+    Host pages are ``0..num_pages-1``; each used one has exactly one owner.
     """
 
-    parent: int
-    key: tuple[int, ...]
-    pages: tuple[int, ...]
-    children: Map[ChildKey, int]
-    lock_ref: int
-    last_access: int
-    extra: Any = None  # block mode: the block's tagged extra keys (part of its identity)
+    num_pages: int
+    free_pages: FreeQueue
+    backup: Map[int, tuple[int, ...]]  # node -> host pages holding its KV (page by page)
+    owner: Map[int, int]  # host page -> node
+    evicted: Map[int, HostNode]  # host-only nodes
+    evicted_children: Map[tuple[int, ChildKey], int]  # (parent, child key) -> host-only node
+
+    def host_children(self, node_id: int) -> list[int]:
+        """Host-only children of ``node_id`` (a scan; the host tree is small)."""
+        return [child for (parent, _), child in self.evicted_children.items() if parent == node_id]
 
 
-class Request(NamedTuple):
-    """A request's table: ``allocated`` tokens mapped through ``pages``; ``committed`` written."""
-
-    pages: PVector[int]
-    allocated: int = 0
-    committed: int = 0
-
-
-EMPTY_REQUEST = Request(pvector())
+def empty_host_tier(num_pages: int) -> HostTier:
+    if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages <= 0:
+        raise ValueError(f"host num_pages must be a positive int, got {num_pages!r}")
+    return HostTier(num_pages, FreeQueue.from_range(0, num_pages), Map(), Map(), Map(), Map())
 
 
 @attrs.frozen(eq=False)
@@ -132,22 +136,21 @@ class State:
     next_node_id: int
     evictable_size: int
     protected_size: int
-    # Derived index (not part of the fingerprint): unlocked childless nodes below
-    # the root, maintained by the radix-mode tree rules so eviction never scans.
+    # Derived index (not in the fingerprint): unlocked childless nodes below the
+    # root, kept by the radix-mode tree rules so eviction never scans.
     leaves: Map[int, None] = attrs.field(factory=Map)
-    # Derived index (not part of the fingerprint): for each tree page, how many
-    # request tables map it without holding it (SGLang's locked prefix).  Such
-    # a page must not leave the tree: evicting it would be a use after free.
+    # Derived index (not in the fingerprint): for each tree page, how many request
+    # tables map it without holding it (SGLang's locked prefix).  Such a page must
+    # not leave the tree: evicting it would be a use after free.
     tree_refs: Map[int, int] = attrs.field(factory=Map)
+    host: HostTier | None = None  # the host tier, when the cache has one
     _fingerprint: list[bytes] = attrs.field(factory=list, repr=False, alias="_fingerprint")
 
     # -- identity ---------------------------------------------------------
     def fingerprint(self) -> bytes:
         """128-bit blake2b of the canonical encoding (cached per state object)."""
         if not self._fingerprint:
-            from kvstate.encoding import fingerprint
-
-            self._fingerprint.append(fingerprint(self))
+            self._fingerprint.append(canonical.fingerprint(self))
         return self._fingerprint[0]
 
     def __eq__(self, other: object) -> bool:
@@ -168,15 +171,7 @@ class State:
         return self.nodes[ROOT]
 
     def refcount(self, page: int) -> int:
-        """Number of holders of ``page``: requests, DETACHED, and the tree.
-
-        In block mode the tree does not hold (vLLM's ``ref_cnt``: requests and
-        pool-level references only).
-        """
-        held = len(self.holders.get(page, ()))
-        if self.geometry.mode == "block":
-            return held
-        return held + (1 if page in self.page_node else 0)
+        return refcount(self, page)
 
     def total_size(self) -> int:
         return self.evictable_size + self.protected_size
@@ -185,35 +180,55 @@ class State:
         return len(self.free_pages) * self.geometry.page_size
 
     def slots_of(self, request_id: RequestId, start: int = 0, stop: int | None = None) -> list[int]:
-        """Slots mapped for token positions ``[start, stop)`` of a request."""
-        record = self.requests[request_id]
-        end = record.allocated if stop is None else min(stop, record.allocated)
-        return list(slot_span(record.pages, self.geometry.page_size, start, end))
+        return slots_of(self, request_id, start, stop)
 
     def node_slots(self, node_id: int) -> list[int]:
         return list(expand_pages(self.nodes[node_id].pages, self.geometry.page_size))
 
     def path_to_root(self, node_id: int) -> Iterator[int]:
-        """Node ids from ``node_id`` up to (excluding) the root."""
-        nodes = self.nodes
-        while node_id != ROOT:
-            yield node_id
-            node_id = nodes[node_id].parent
+        return path_to_root(self.nodes, node_id)
 
     def is_leaf(self, node_id: int) -> bool:
         return len(self.nodes[node_id].children) == 0
 
     def with_changes(self, **changes: Any) -> State:
-        """A new state with ``changes`` and a fresh fingerprint cache (hot path: no evolve)."""
+        """A new state with ``changes`` and a fresh fingerprint cache (no evolve: hot path)."""
         values = list(_FIELD_GETTER(self))
         for name, value in changes.items():
             values[_FIELD_INDEX[name]] = value
         return State(*values)
 
 
-_STATE_FIELDS = tuple(f.name for f in attrs.fields(State) if f.name != "_fingerprint")
-_FIELD_GETTER = operator.attrgetter(*_STATE_FIELDS)
-_FIELD_INDEX = {name: index for index, name in enumerate(_STATE_FIELDS)}
+STATE_FIELDS = tuple(f.name for f in attrs.fields(State) if f.name != "_fingerprint")
+_FIELD_GETTER = operator.attrgetter(*STATE_FIELDS)
+_FIELD_INDEX = {name: index for index, name in enumerate(STATE_FIELDS)}
+
+
+# -- readers shared by the frozen State and the LiveState -------------------------
+def refcount(state: Any, page: int) -> int:
+    """Number of holders of ``page``: requests, DETACHED, and (radix mode) the tree.
+
+    In block mode the tree does not hold (vLLM's ``ref_cnt``: requests and
+    pool-level references only).
+    """
+    held = len(state.holders.get(page, ()))
+    if state.geometry.mode == "block":
+        return held
+    return held + (1 if page in state.page_node else 0)
+
+
+def slots_of(state: Any, request_id: RequestId, start: int = 0, stop: int | None = None) -> list[int]:
+    """Slots mapped for token positions ``[start, stop)`` of a request."""
+    record = state.requests[request_id]
+    end = record.allocated if stop is None else min(stop, record.allocated)
+    return list(slot_span(record.pages, state.geometry.page_size, start, end))
+
+
+def path_to_root(nodes: Any, node_id: int) -> Iterator[int]:
+    """Node ids from ``node_id`` up to (excluding) the root."""
+    while node_id != ROOT:
+        yield node_id
+        node_id = nodes[node_id].parent
 
 
 def expand_pages(pages: Sequence[int], page_size: int) -> tuple[int, ...]:
@@ -232,21 +247,26 @@ def slot_span(pages: Sequence[int], page_size: int, start: int, stop: int) -> tu
     return expand_pages(pages[first:last], page_size)[start - offset: stop - offset]
 
 
-def initial_state(geometry: Geometry) -> State:
-    """Everything free: pages 1..N in order, rows handed out from the top."""
+def initial_state(geometry: Geometry, *, host_pages: int = 0) -> State:
+    """Everything free: pages 1..N in order, rows handed out from the top.
+
+    O(1) memory whatever the geometry declares: the free lists are ranges.
+    ``host_pages`` > 0 adds an empty host tier of that many pages.
+    """
     root = Node(parent=-1, key=(), pages=(), children=Map(), lock_ref=1, last_access=0)
     return State(
         geometry=geometry,
         seq=0,
         clock=0,
-        free_pages=FreeQueue.from_pages(range(1, geometry.num_pages + 1)),
+        free_pages=FreeQueue.from_range(1, geometry.num_pages + 1),
         holders=Map(),
         page_node=Map(),
-        free_rows=FreeQueue.from_pages(range(geometry.num_rows, 0, -1)),
+        free_rows=FreeQueue.from_range(1, geometry.num_rows + 1, desc=True),
         row_generation=Map(),
         requests=Map(),
         nodes=Map({ROOT: root}),
         next_node_id=1,
         evictable_size=0,
         protected_size=0,
+        host=empty_host_tier(host_pages) if host_pages else None,
     )

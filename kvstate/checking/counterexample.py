@@ -44,11 +44,11 @@ def write_event_log(path: str | pathlib.Path, geometry: Geometry, events: list[E
 
     The header's ``meta`` carries ``expect`` (the violated properties), ``origin``,
     ``note`` and ``steps``.  No end record is written when the last event is one
-    the reducer rejects (the log then ends on the event to look at).
+    the rules reject (the log then ends on the event to look at).
     """
     from kvstate.errors import InvalidEvent
     from kvstate.log.writer import LogWriter, make_header
-    from kvstate.reducer import apply
+    from kvstate.backends.persistent import apply_valid as apply
     from kvstate.state import initial_state
 
     target = pathlib.Path(path)

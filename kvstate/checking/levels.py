@@ -8,7 +8,7 @@ bookkeeping and the SOMETIMES probes.
 
 Edge checks at the event level, for every candidate event:
 
-* ``refines``: the reducer and the spec model accept or reject it alike, and
+* ``refines``: the rules and the spec model accept or reject it alike, and
   when both accept, ``abstract(after) == step(abstract(before), event)``;
 * every ``specs.invariants.TRANSITIONS`` property.
 """
@@ -25,7 +25,7 @@ from kvstate.checking.enabled import candidate_events
 from kvstate.checking.scopes import Scope
 from kvstate.checking.views import event_view, plain_view
 from kvstate.errors import InvalidEvent
-from kvstate.reducer import apply
+from kvstate.backends.persistent import apply_valid as apply
 from kvstate.state import Geometry, State, initial_state
 
 
@@ -53,7 +53,7 @@ def geometry_of(scope: Scope) -> Geometry:
 
 def check_refinement(before: State, event: ev.Event, after: State | None,
                      error: str | None, model_before: Any = None) -> list[tuple[str, str]]:
-    """Agreement of the reducer (``after``/``error``) with the spec model on one event.
+    """Agreement of the rules (``after``/``error``) with the spec model on one event.
 
     ``model_before`` may pass ``abstract(before)`` when the caller already has it.
     """
@@ -67,12 +67,12 @@ def check_refinement(before: State, event: ev.Event, after: State | None,
     except ModelReject as exc:
         if after is None:
             return []
-        return [("refines", f"reducer accepted {event!r}, the spec rejects it: {exc}")]
+        return [("refines", f"rules accepted {event!r}, the spec rejects it: {exc}")]
     if after is None:
-        return [("refines", f"reducer rejected {event!r} ({error}), the spec accepts it")]
+        return [("refines", f"rules rejected {event!r} ({error}), the spec accepts it")]
     got = abstract(after)
     if got != model_after:
-        return [("refines", f"after {event!r} the reducer and the spec differ in "
+        return [("refines", f"after {event!r} the rules and the spec differ in "
                             f"{diff(got, model_after)}")]
     return []
 

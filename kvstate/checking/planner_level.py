@@ -15,7 +15,7 @@ scope's lengths over its vocabulary:
 ``retract``         ``plan_release(checkpoint=False)``
 ``evict``           ``plan_evict`` of one page of tokens
 
-Edge checks: every event a plan emits must be accepted by the reducer
+Edge checks: every event a plan emits must be accepted by the rules
 (``planner_valid``) and agree with the spec model (``refines``) and every
 TRANSITIONS property; an allocation that reports out-of-memory while free
 pages plus evictable tree pages would cover it fails ``no_false_oom``.
@@ -40,8 +40,8 @@ from kvstate.planner.builder import Plan, PlanBuilder
 from kvstate.planner.evict import lru_priority, plan_evict
 from kvstate.planner.requests import RequestCursor, plan_checkpoint, plan_release
 from kvstate.planner.tree_ops import plan_match
-from kvstate.reducer import apply
-from kvstate.state import ROOT, State, initial_state
+from kvstate.backends.persistent import apply_valid as apply
+from kvstate.state import ROOT, State, initial_state, path_to_root
 
 
 class Policy:
@@ -109,7 +109,7 @@ class PlannerLevel:
         """Planner-level ALWAYS: each node is locked once per request whose locked path covers it."""
         expected: dict[int, int] = {}
         for cursor in world.cursors:
-            for node_id in world.state.path_to_root(cursor.last_node):
+            for node_id in path_to_root(world.state.nodes, cursor.last_node):
                 expected[node_id] = expected.get(node_id, 0) + 1
         actual = {n: node.lock_ref for n, node in world.state.nodes.items()
                   if n != ROOT and node.lock_ref}
@@ -124,7 +124,7 @@ class PlannerLevel:
         state, size = world.state, self.geometry.page_size
         out = []
         for cursor in world.cursors:
-            path = list(reversed(list(state.path_to_root(cursor.last_node))))
+            path = list(reversed(list(path_to_root(state.nodes, cursor.last_node))))
             key = tuple(t for n in path for t in state.nodes[n].key)
             pages = [p for n in path for p in state.nodes[n].pages]
             table = list(state.requests[cursor.row].pages)
@@ -212,17 +212,16 @@ class PlannerLevel:
             prompt = command[1]
             row = state.free_rows.head(1)[0]
             builder.emit(ev.ReqAlloc((row,)))
-            matched = builder.extend(plan_match(builder.state, prompt, limit=len(prompt) - 1))
+            matched = plan_match(builder, prompt, limit=len(prompt) - 1)
             if matched.last_node != ROOT:
                 builder.emit(ev.Lock(matched.last_node))
             if matched.length:
                 builder.emit(ev.Assign(row, 0, matched.slots))
-            plan = plan_extend(builder.state, [(row, len(prompt))], at_head=at_head,
-                               priority=policy.priority)
-            if plan is None:
+            slots = plan_extend(builder, [(row, len(prompt))], at_head=at_head,
+                                priority=policy.priority)
+            if slots is None:
                 self._oom(builder, new_pages_for_extend(size, matched.length, len(prompt)), "admit")
                 return None
-            builder.extend(plan)
             return others + [Cursor(row, tuple(prompt), len(prompt), matched.length,
                                     matched.last_node)]
         if kind == "extend":
@@ -230,41 +229,36 @@ class PlannerLevel:
             length = len(cursor.tokens) + size
             if length > self.geometry.row_width:
                 return None
-            plan = plan_extend(state, [(cursor.row, length)], at_head=at_head,
-                               priority=policy.priority)
-            if plan is None:
+            slots = plan_extend(builder, [(cursor.row, length)], at_head=at_head,
+                                priority=policy.priority)
+            if slots is None:
                 self._oom(builder, new_pages_for_extend(size, len(cursor.tokens), length), "extend")
                 return None
-            builder.extend(plan)
             return others + [attrs.evolve(cursor, tokens=cursor.tokens + (token,) * size)]
         if kind == "decode":
             cursor, token = command[1], command[2]
             if len(cursor.tokens) >= self.geometry.row_width:
                 return None
-            decode = plan_decode(state, [cursor.row], at_head=at_head, priority=policy.priority)
+            decode = plan_decode(builder, [cursor.row], at_head=at_head, priority=policy.priority)
             if decode is None:
                 needed = 1 if state.requests[cursor.row].allocated % size == 0 else 0
                 self._oom(builder, needed, "decode")
                 return None
-            builder.extend(decode)
             return others + [attrs.evolve(cursor, tokens=cursor.tokens + (token,))]
         if kind == "checkpoint":
             cursor = command[1]
-            new = builder.extend(plan_checkpoint(state, cursor.core(), cursor.tokens,
-                                                 prompt_len=cursor.prompt_len,
-                                                 up_to=len(cursor.tokens), at_head=at_head))
+            new = plan_checkpoint(builder, cursor.core(), cursor.tokens,
+                                  prompt_len=cursor.prompt_len, up_to=len(cursor.tokens),
+                                  at_head=at_head)
             return others + [attrs.evolve(cursor, protected_len=new.protected_len,
                                           last_node=new.last_node)]
         if kind in ("finish", "retract"):
             cursor = command[1]
-            builder.extend(plan_release(state, cursor.core(), cursor.tokens,
-                                        prompt_len=cursor.prompt_len, owned=len(cursor.tokens),
-                                        checkpoint=kind == "finish", at_head=at_head))
+            plan_release(builder, cursor.core(), cursor.tokens, prompt_len=cursor.prompt_len,
+                         owned=len(cursor.tokens), checkpoint=kind == "finish", at_head=at_head)
             return others
         if kind == "evict":
-            evicted = plan_evict(state, size, at_head=at_head, priority=policy.priority)
-            if not evicted.events:
+            if not plan_evict(builder, size, at_head=at_head, priority=policy.priority):
                 return None
-            builder.extend(evicted)
             return list(world.cursors)
         raise ValueError(f"unknown command {kind!r}")

@@ -1,14 +1,14 @@
-"""Event logs: a versioned, framed msgpack format, a recorder, a streaming reader, replay.
+"""The log format: a versioned, framed msgpack file of events, and how to write and read it.
 
 ``Recorder`` attaches to an engine (or a front end object) and writes every
-applied event; ``LogReader`` streams a log back in constant memory and raises
-``LogFormatError`` (byte offset + reason) for any malformed input; ``replay``
-re-applies the events with the pure reducer and checks invariants and
-fingerprints.  ``minimize`` shrinks a failing log; ``diff`` compares two.
-The byte layout is documented in docs/log-format.md.
+committed event; ``LogWriter`` writes records; ``LogReader`` streams a log
+back in constant memory and raises ``LogFormatError`` (byte offset + reason)
+for any malformed input.  Events are encoded and validated by
+``kvstate.events.codec``.  The tools built on logs (replay, diff, minimize)
+are in ``kvstate.replay``.  The byte layout is documented in docs/log-format.md.
 """
 
-from kvstate.log.diff import LogDiff, diff_logs
+from kvstate.events.codec import UPCASTERS, upcaster
 from kvstate.log.format import (
     FORMAT_VERSION,
     MAGIC,
@@ -18,11 +18,8 @@ from kvstate.log.format import (
     LogHeader,
     auto_checkpoint_every,
 )
-from kvstate.log.minimize import MinimizeResult, NoFailure, minimize_events, minimize_file
 from kvstate.log.reader import LogReader, read_events, read_header
-from kvstate.log.recorder import Recorder
-from kvstate.log.replay import ReplayFailure, ReplayResult, Summary, replay, replay_path
-from kvstate.log.upcast import UPCASTERS, upcaster
+from kvstate.log.recorder import Recorder, engine_of
 from kvstate.log.writer import LogWriter, make_header, write_log
 
 __all__ = [
@@ -31,26 +28,16 @@ __all__ = [
     "UPCASTERS",
     "Checkpoint",
     "EndRecord",
-    "LogDiff",
     "LogFormatError",
     "LogHeader",
     "LogReader",
     "LogWriter",
-    "MinimizeResult",
-    "NoFailure",
     "Recorder",
-    "ReplayFailure",
-    "ReplayResult",
-    "Summary",
     "auto_checkpoint_every",
-    "diff_logs",
+    "engine_of",
     "make_header",
-    "minimize_events",
-    "minimize_file",
     "read_events",
     "read_header",
-    "replay",
-    "replay_path",
     "upcaster",
     "write_log",
 ]

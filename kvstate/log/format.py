@@ -10,38 +10,50 @@ Layout of a log file (all integers little-endian)::
     frame := u32 length | u32 crc32(length bytes + body) | body (length bytes of msgpack)
 
 Record bodies are msgpack arrays ``[tag, version, *fields]``: events use their
-two-letter tag (``kvstate.events``), and the framing records use tags that
-start with ``#`` so they can never collide with an event tag::
+two-letter tag and are encoded and validated by ``kvstate.events.codec``; the
+framing records use tags that start with ``#`` so they can never collide
+with an event tag::
 
-    ["#c", 1, seq, fingerprint]      checkpoint: state fingerprint after ``seq`` events
-    ["#e", 1, count, fingerprint]    end: total events and the final fingerprint
+    ["#c", 2, seq, fingerprint, digest]    checkpoint: state fingerprint after ``seq`` events
+    ["#e", 2, count, fingerprint, digest]  end: total events and the final fingerprint
 
-This module is pure byte arithmetic: it owns no file handles and never
-mutates its inputs.  Decoding untrusted bytes always goes through
-:func:`unpack_body`, which sets every msgpack size limit; pickle is never used.
+``digest`` (format 2) is blake2b-128 of every byte of the file before the
+record: the preamble, the header frame and every earlier frame.  Format 1
+logs carry ``["#c", 1, seq, fingerprint]`` / ``["#e", 1, count, fingerprint]``
+and cannot be verified.  This module is pure byte arithmetic: it owns no
+file handles and never mutates its inputs.  The header is the only body
+decoded without a type (:func:`unpack_body`, every msgpack size limit set,
+64 KiB at most); framing records are decoded typed (:func:`decode_framing`);
+pickle is never used.  Owned by the log layer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 import attrs
 import msgpack
+import msgspec
 
-from kvstate.events import EVENT_TYPES, Event
+from kvstate.log.limits import DEFAULT_LIMITS, Limits, check_limits, meta_problem
 from kvstate.state import Geometry
 
 MAGIC = b"\x89KVS\r\n\x1a\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checkpoints and the end record carry a digest of the bytes before them
+FRAMING_VERSION = {1: 1, 2: 2}  # format version -> version of its "#c"/"#e" records
 FRAME = struct.Struct("<II")  # length, crc32
 LENGTH = struct.Struct("<I")
 VERSION_FIELD = struct.Struct("<H")
 PREAMBLE_SIZE = len(MAGIC) + VERSION_FIELD.size  # 10: where the header frame starts
 MAX_HEADER_BYTES = 1 << 16
-MAX_RECORD_BYTES = 1 << 24  # 16 MiB: a record longer than this is refused before it is read
+# A record longer than this is refused before it is read.  4 MiB holds a 500k-token
+# prefill's Allocate several times over; the worst decoded size of a 4 MiB record is
+# about 20x its bytes (docs/log-format.md, "Memory").
+MAX_RECORD_BYTES = 1 << 22
+MAX_FRAMING_BYTES = 64  # a checkpoint or end record is about 45 bytes
 DEFAULT_CHECKPOINT_EVERY = 4096  # the least interval the recorder picks by itself
 
 
@@ -58,6 +70,12 @@ CHECKPOINT_TAG = "#c"
 TIERED_INITIAL = "tiered"  # header "initial" of a log whose state has a host tier
 END_TAG = "#e"
 FINGERPRINT_BYTES = 16
+DIGEST_BYTES = 16
+
+
+def new_digest() -> Any:
+    """The running digest a writer and a reader keep over a log's bytes."""
+    return hashlib.blake2b(digest_size=DIGEST_BYTES)
 
 
 class LogFormatError(ValueError):
@@ -73,6 +91,10 @@ class LogFormatError(ValueError):
         self.reason = reason
         self.record_index = record_index
         super().__init__(f"malformed log at byte {offset}: {reason}")
+
+
+class LogLimitError(LogFormatError):
+    """A well-formed log declares more than a reader's ``Limits`` allow (exit 2 too)."""
 
 
 @attrs.frozen
@@ -91,7 +113,7 @@ class LogHeader:
     initial_fingerprint: bytes = b""
     event_versions: dict[str, int] = attrs.field(factory=dict)
     meta: dict[str, Any] = attrs.field(factory=dict)
-    host_pages: int = 0  # > 0: the run has a host tier of that many pages (a ``TieredState``)
+    host_pages: int = 0  # > 0: the run has a host tier of that many pages (``State.host``)
 
     def to_map(self) -> dict[str, Any]:
         out = {
@@ -119,10 +141,11 @@ def geometry_map(geometry: Geometry) -> dict[str, Any]:
 
 @attrs.frozen
 class Checkpoint:
-    """The state fingerprint after ``seq`` events of the log."""
+    """The state fingerprint after ``seq`` events of the log (``digest``: None in format 1)."""
 
     seq: int
     fingerprint: bytes
+    digest: bytes | None = None
 
 
 @attrs.frozen
@@ -131,6 +154,7 @@ class EndRecord:
 
     count: int
     fingerprint: bytes
+    digest: bytes | None = None
 
 
 # -- framing --------------------------------------------------------------------
@@ -162,29 +186,44 @@ def unpack_body(body: bytes | memoryview, offset: int) -> Any:
 
 
 # -- encoding -------------------------------------------------------------------
-def make_encoders(pack: Callable[[Any], bytes]) -> dict[type[Event], Callable[[Event], bytes]]:
-    """One generated function per event type: ``evt -> pack((tag, version, *fields))``.
-
-    Generated from the attrs fields so the per-event path is a single call
-    with direct attribute reads (the recorder's hot path).
-    """
-    encoders: dict[type[Event], Callable[[Event], bytes]] = {}
-    for cls in EVENT_TYPES.values():
-        names = [f.name for f in attrs.fields(cls)]  # type: ignore[arg-type]
-        fields = "".join(f"evt.{name}, " for name in names)
-        source = f"def encode(evt):\n    return pack(({cls.TAG!r}, {cls.VERSION!r}, {fields}))\n"
-        env: dict[str, Any] = {"pack": pack}
-        exec(source, env)  # noqa: S102 - generated from our own attrs schema
-        encoders[cls] = env["encode"]
-    return encoders
+def checkpoint_body(packer: msgpack.Packer, seq: int, fingerprint: bytes, digest: bytes) -> bytes:
+    return packer.pack((CHECKPOINT_TAG, 2, seq, fingerprint, digest))
 
 
-def checkpoint_body(packer: msgpack.Packer, seq: int, fingerprint: bytes) -> bytes:
-    return packer.pack((CHECKPOINT_TAG, 1, seq, fingerprint))
+def end_body(packer: msgpack.Packer, count: int, fingerprint: bytes, digest: bytes) -> bytes:
+    return packer.pack((END_TAG, 2, count, fingerprint, digest))
 
 
-def end_body(packer: msgpack.Packer, count: int, fingerprint: bytes) -> bytes:
-    return packer.pack((END_TAG, 1, count, fingerprint))
+# Typed decoders: a framing record is never decoded generically (see the module docstring).
+_FRAMING_V1 = msgspec.msgpack.Decoder(tuple[str, int, int, bytes])
+_FRAMING_V2 = msgspec.msgpack.Decoder(tuple[str, int, int, bytes, bytes])
+
+
+def decode_framing(body: bytes, offset: int, format_version: int) -> Checkpoint | EndRecord:
+    """A checkpoint or end record of a log of ``format_version``; ``LogFormatError`` otherwise."""
+    what = "checkpoint" if body[2:4] == CHECKPOINT_TAG.encode() else "end record"
+    version = FRAMING_VERSION[format_version]
+    shape = "[tag, 1, count, fingerprint]" if version == 1 else "[tag, 2, count, fingerprint, digest]"
+    if len(body) > MAX_FRAMING_BYTES:
+        raise LogFormatError(offset, f"{what} is {len(body)} bytes, over {MAX_FRAMING_BYTES}")
+    try:
+        raw = (_FRAMING_V1 if version == 1 else _FRAMING_V2).decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        raise LogFormatError(offset, f"{what} must be {shape} in a format {format_version} "
+                                     "log") from None
+    if raw[1] != version:
+        raise LogFormatError(offset, f"{what} must be {shape} in a format {format_version} log")
+    count, fingerprint = raw[2], raw[3]
+    if count < 0:
+        raise LogFormatError(offset, f"{what} count {count!r} is not a non-negative int")
+    if len(fingerprint) != FINGERPRINT_BYTES:
+        raise LogFormatError(offset, f"{what} fingerprint is not {FINGERPRINT_BYTES} bytes")
+    digest = raw[4] if version == 2 else None
+    if digest is not None and len(digest) != DIGEST_BYTES:
+        raise LogFormatError(offset, f"{what} digest is not {DIGEST_BYTES} bytes")
+    if raw[0] == CHECKPOINT_TAG:
+        return Checkpoint(count, fingerprint, digest)
+    return EndRecord(count, fingerprint, digest)
 
 
 def new_packer() -> msgpack.Packer:
@@ -206,8 +245,10 @@ def _require(value: Any, kind: type | tuple[type, ...], what: str, offset: int) 
     return value
 
 
-def parse_header(raw: Any, format_version: int, offset: int) -> LogHeader:
-    """Validate the decoded header map and build a ``LogHeader``."""
+def parse_header(raw: Any, format_version: int, offset: int,
+                 limits: Limits = DEFAULT_LIMITS) -> LogHeader:
+    """Validate the decoded header map and build a ``LogHeader`` (``LogLimitError`` when its
+    geometry is beyond ``limits``)."""
     if not isinstance(raw, dict):
         raise LogFormatError(offset, f"header is a {type(raw).__name__}, not a map")
     missing = {"geometry", "checkpoint_every"} - raw.keys()
@@ -244,5 +285,11 @@ def parse_header(raw: Any, format_version: int, offset: int) -> LogHeader:
     versions = _require(raw.get("event_versions", {}), dict, "event_versions", offset)
     meta = _require(raw.get("meta", {}), dict, "meta", offset)
     version_text = _require(raw.get("kvstate_version", ""), str, "kvstate_version", offset)
+    problem = meta_problem(meta)
+    if problem is not None:
+        raise LogFormatError(offset, problem)
+    problem = check_limits(geometry, host_pages, limits)
+    if problem is not None:
+        raise LogLimitError(offset, problem)
     return LogHeader(geometry, format_version, version_text, every, fingerprint,
                      dict(versions), dict(meta), host_pages)

@@ -1,15 +1,22 @@
 """``LogReader``: stream a log's records in constant memory, or fail at an exact byte.
 
-The reader pulls the file in fixed-size chunks and never holds more than one
-chunk plus one record (itself capped at ``max_record_bytes``), so a
-multi-gigabyte log replays in flat memory.  Every malformed input -- empty,
-truncated anywhere, a flipped bit, wrong magic, a future format, an unknown
-tag, a bad field, an oversized length, a missing end record, bytes after the
-end -- raises ``LogFormatError`` with the byte offset and the reason.
+The reader pulls the file in fixed-size chunks and holds at most one chunk
+plus one record (itself capped at ``max_record_bytes``) and that record's
+decoded event, so a multi-gigabyte log replays in flat memory
+(docs/log-format.md, "Memory").  Every malformed input -- empty, truncated
+anywhere, a flipped bit, wrong magic, a future format, an unknown tag, a bad
+field, an oversized length, a missing end record, bytes after the end, a
+geometry beyond ``limits`` -- raises ``LogFormatError`` with the byte offset
+and the reason; no other exception type escapes for bad bytes.
 
-``salvage=True`` turns the first such error into a clean stop: the records
-before it are yielded and ``reader.stopped`` holds the error.  The reader owns
-its file handle when given a path (close it, or use ``with``).
+In a format 2 log the reader keeps a running blake2b over every byte it
+reads and compares it with the digest each checkpoint and the end record
+carry.  A mismatch is not a format error (the frames are well formed): the
+first broken interval is kept in ``digest_failure`` and reading goes on;
+``kvstate.replay`` reports it.  ``salvage=True`` turns the first format
+error into a clean stop: the records before it are yielded and
+``reader.stopped`` holds the error.  The reader owns its file handle when
+given a path (close it, or use ``with``).
 """
 
 from __future__ import annotations
@@ -17,13 +24,15 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
-import msgpack
+import attrs
 
-from kvstate.events import Event
-from kvstate.log.decode import CURRENT, decode_record
+from kvstate.events import Event, EventDecodeError
+from kvstate.events.codec import CODEC, Registry
 from kvstate.log.format import (
+    CHECKPOINT_TAG,
+    END_TAG,
     FORMAT_VERSION,
     FRAME,
     LENGTH,
@@ -36,13 +45,40 @@ from kvstate.log.format import (
     EndRecord,
     LogFormatError,
     LogHeader,
+    decode_framing,
+    new_digest,
     parse_header,
     unpack_body,
 )
-from kvstate.log.upcast import Registry
+from kvstate.log.limits import DEFAULT_LIMITS, Limits
+
+# A framing record's body is an array whose first element is the "#c" or "#e" tag.
+_FRAMING_TAGS = (b"\xa2" + CHECKPOINT_TAG.encode(), b"\xa2" + END_TAG.encode())
 
 CHUNK_BYTES = 1 << 20
 Item = Event | Checkpoint | EndRecord
+
+
+@attrs.frozen
+class DigestBreak:
+    """The first interval of a log whose bytes do not match the digest that closes it.
+
+    The bytes between the framing record that starts the interval
+    (``start_offset``, after ``start_events`` events; the header for the
+    first) and the one at ``offset`` (after ``events`` events) were altered.
+    """
+
+    start_events: int
+    start_offset: int
+    events: int
+    offset: int
+    what: str  # "checkpoint" or "end record"
+
+    def describe(self) -> str:
+        start = ("the header" if self.start_offset <= PREAMBLE_SIZE else
+                 f"the checkpoint after event {self.start_events} (byte {self.start_offset})")
+        return (f"the bytes between {start} and the {self.what} after event {self.events} "
+                f"(byte {self.offset}) do not match its digest: they were altered")
 
 
 class LogReader:
@@ -50,7 +86,7 @@ class LogReader:
 
     def __init__(self, source: str | os.PathLike[str] | IO[bytes], *, salvage: bool = False,
                  max_record_bytes: int = MAX_RECORD_BYTES, upcasters: Registry | None = None,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 chunk_bytes: int = CHUNK_BYTES, limits: Limits = DEFAULT_LIMITS) -> None:
         if isinstance(source, (str, os.PathLike)):
             self._file: IO[bytes] = open(source, "rb")  # noqa: SIM115 - owned, closed in close()
             self._owns = True
@@ -60,11 +96,17 @@ class LogReader:
         self.salvage = salvage
         self.max_record_bytes = max_record_bytes
         self.upcasters = upcasters
+        self.limits = limits
         self._chunk = chunk_bytes
         self._buf = b""
         self._pos = 0  # index of the next unread byte in _buf
         self._base = 0  # file offset of _buf[0]
         self._eof = False
+        self._digest: Any = None  # running blake2b (format 2 logs only)
+        self._hashed = 0  # file offset up to which _digest has seen the bytes
+        self._interval = (0, 0)  # (events, offset) of the framing record that opened it
+        self.digest_failure: DigestBreak | None = None
+        self.digests_verified = 0
         self.stopped: LogFormatError | None = None  # set in salvage mode when reading stopped early
         self.end: EndRecord | None = None
         self.events_read = 0
@@ -87,12 +129,23 @@ class LogReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def digests(self) -> str:
+        """``verified`` (every digest read so far matched), ``broken`` or ``unverified``
+        (a format 1 log, which has none)."""
+        if self._digest is None:
+            return "unverified"
+        return "broken" if self.digest_failure is not None else "verified"
+
     # -- buffered access -----------------------------------------------------
     def _fill(self, need: int) -> bool:
         """Make ``need`` bytes available at ``_pos``; False if the file ends first."""
         have = len(self._buf) - self._pos
         if have >= need:
             return True
+        if self._digest is not None:  # the bytes about to be dropped were read: hash them
+            self._digest.update(memoryview(self._buf)[self._hashed - self._base: self._pos])
+            self._hashed = self._base + self._pos
         parts = [self._buf[self._pos:]]
         while have < need and not self._eof:
             chunk = self._file.read(max(self._chunk, need - have))
@@ -130,9 +183,23 @@ class LogReader:
             raise LogFormatError(len(MAGIC), f"format version {version} does not exist")
         self._pos = PREAMBLE_SIZE
         body = self._read_frame(MAX_HEADER_BYTES, "header")
-        header = parse_header(unpack_body(body, PREAMBLE_SIZE), version, PREAMBLE_SIZE)
+        header = parse_header(unpack_body(body, PREAMBLE_SIZE), version, PREAMBLE_SIZE,
+                              self.limits)
         self.offset = self._base + self._pos
+        if version >= 2:
+            # From byte 0: the preamble and the header frame are covered too.  Tiny chunks
+            # may have dropped them from the buffer already; their bytes are known exactly
+            # (the CRC matched), so they are hashed as rebuilt.
+            self._digest = new_digest()
+            self._digest.update(self._preamble_bytes(version, body))
+            self._hashed = self.offset
         return header
+
+    @staticmethod
+    def _preamble_bytes(version: int, body: bytes) -> bytes:
+        length = LENGTH.pack(len(body))
+        crc = zlib.crc32(body, zlib.crc32(length))
+        return MAGIC + VERSION_FIELD.pack(version) + FRAME.pack(len(body), crc) + body
 
     def _read_frame(self, limit: int, what: str) -> bytes:
         start = self._base + self._pos
@@ -170,12 +237,10 @@ class LogReader:
 
     def _records(self) -> Iterator[tuple[int, Item]]:
         limit = self.max_record_bytes
-        upcasters = self.upcasters
         crc32 = zlib.crc32
         pack_length = LENGTH.pack
         read_frame = FRAME.unpack_from
-        unpackb = msgpack.unpackb
-        current = CURRENT
+        decode = self._decode
         while True:
             # Fast path: decode every whole frame already in the buffer.
             buf, pos, base = self._buf, self._pos, self._base
@@ -192,30 +257,12 @@ class LogReader:
                     raise LogFormatError(start, "CRC mismatch in record (corrupted bytes)",
                                          self.records_read)
                 pos = self._pos = end
-                try:
-                    # unpackb bounds every str/bin/array/map/ext length by len(body) by default
-                    # (msgpack >= 1.0); the record body itself is capped at max_record_bytes.
-                    raw = unpackb(body, use_list=False)
-                except Exception:  # noqa: BLE001 - re-raised as a typed error with the offset
-                    raw = unpack_body(body, start)  # raises LogFormatError with the reason
-                tag = raw[0] if type(raw) is tuple and len(raw) >= 2 else None
-                entry = current.get(tag) if type(tag) is str else None
-                if entry is not None and raw[1] is entry[0]:
-                    item: Item = entry[1](raw[2:], start)
-                    self.events_read += 1
-                else:
-                    item = decode_record(raw, start, upcasters)
-                    if type(item) is EndRecord or type(item) is Checkpoint:
-                        self._check_framing(item, start)  # type: ignore[arg-type]
-                    else:
-                        self.events_read += 1
+                item = decode(body, start)
                 self.records_read += 1
                 self.offset = base + end
                 yield start, item
                 if type(item) is EndRecord:
-                    if not self._at_eof():
-                        raise LogFormatError(self._base + self._pos, "bytes after the end record",
-                                             self.records_read)
+                    self._after_end()
                     return
             # Slow path: one frame that straddles the buffer end (or a bad length).
             self._pos = pos
@@ -223,31 +270,59 @@ class LogReader:
             if self._at_eof():
                 raise LogFormatError(start, "log ends without an end record (truncated, or the "
                                             "writer did not finish)", self.records_read)
+            start = self._base + self._pos
             body = self._read_frame(limit, "record")
-            item = decode_record(unpack_body(body, start), start, upcasters)
-            if isinstance(item, Event):
-                self.events_read += 1
-            else:
-                self._check_framing(item, start)
+            item = decode(body, start)
             self.records_read += 1
             self.offset = self._base + self._pos
             yield start, item
-            if isinstance(item, EndRecord):
-                if not self._at_eof():
-                    raise LogFormatError(self._base + self._pos, "bytes after the end record",
-                                         self.records_read)
+            if type(item) is EndRecord:
+                self._after_end()
                 return
 
+    def _after_end(self) -> None:
+        if not self._at_eof():
+            raise LogFormatError(self._base + self._pos, "bytes after the end record",
+                                 self.records_read)
+
+    def _decode(self, body: bytes, start: int) -> Item:
+        """One record body: an event (validated by the event codec) or a framing record."""
+        if body[1:4] in _FRAMING_TAGS:
+            item = decode_framing(body, start, self.header.format_version)
+            self._check_framing(item, start)
+            return item
+        try:
+            event = CODEC.decode(body, self.upcasters)
+        except EventDecodeError as exc:
+            raise LogFormatError(start, str(exc), self.records_read) from None
+        except (RecursionError, OverflowError, MemoryError) as exc:  # defensive: never escape
+            raise LogFormatError(start, f"record cannot be decoded ({type(exc).__name__})",
+                                 self.records_read) from None
+        self.events_read += 1
+        return event
+
     def _check_framing(self, item: Checkpoint | EndRecord, start: int) -> None:
-        if isinstance(item, Checkpoint):
-            if item.seq != self.events_read:
-                raise LogFormatError(start, f"checkpoint says {item.seq} events, "
-                                            f"{self.events_read} were read", self.records_read)
-            return
-        if item.count != self.events_read:
-            raise LogFormatError(start, f"end record says {item.count} events, "
+        is_end = type(item) is EndRecord
+        count = item.count if is_end else item.seq  # type: ignore[union-attr]
+        if count != self.events_read:
+            what = "end record" if is_end else "checkpoint"
+            raise LogFormatError(start, f"{what} says {count} events, "
                                         f"{self.events_read} were read", self.records_read)
-        self.end = item
+        if self._digest is not None:
+            self._check_digest(item, start, "end record" if is_end else "checkpoint")
+        if is_end:
+            self.end = item  # type: ignore[assignment]
+
+    def _check_digest(self, item: Checkpoint | EndRecord, start: int, what: str) -> None:
+        """Compare the record's digest with the hash of every byte before ``start``."""
+        self._digest.update(memoryview(self._buf)[self._hashed - self._base: start - self._base])
+        self._hashed = start
+        if item.digest == self._digest.digest():
+            self.digests_verified += 1
+        elif self.digest_failure is None:
+            events, offset = self._interval
+            self.digest_failure = DigestBreak(events, offset, self.events_read, start, what)
+        self._interval = (self.events_read, start)
 
     def events(self) -> Iterator[Event]:
         """Only the events, in order (checkpoints and the end record are still validated)."""
@@ -256,12 +331,13 @@ class LogReader:
                 yield item
 
 
-def read_header(path: str | os.PathLike[str]) -> LogHeader:
-    with LogReader(path) as reader:
+def read_header(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS) -> LogHeader:
+    with LogReader(path, limits=limits) as reader:
         return reader.header
 
 
-def read_events(path: str | os.PathLike[str], *, salvage: bool = False) -> tuple[LogHeader, list[Event]]:
+def read_events(path: str | os.PathLike[str], *, salvage: bool = False,
+                limits: Limits = DEFAULT_LIMITS) -> tuple[LogHeader, list[Event]]:
     """Header and every event of a (small) log, in memory; use ``LogReader`` for big ones."""
-    with LogReader(path, salvage=salvage) as reader:
+    with LogReader(path, salvage=salvage, limits=limits) as reader:
         return reader.header, list(reader.events())

@@ -1,27 +1,40 @@
-"""``Recorder``: an engine listener that writes every applied event into a log.
+"""``Recorder``: an engine listener that writes every committed event into a log.
 
 ``Recorder`` subscribes a ``LogWriter`` to an :class:`kvstate.engine.Engine`
 (or any front end object with an ``.engine``: the SGLang pool, allocator and
-cache share one; so do the seed-002 and vLLM front ends) and appends every
-event as it is applied, a checkpoint every ``checkpoint_every`` events and
-the end record on close.  The header is written when the first event
-arrives, so the SGLang objects may still size the engine after the recorder
-is attached.  The recorder owns its writer and file; it never changes the
-engine beyond subscribing and unsubscribing its listener.
+cache share one; so do the seed-002 and vLLM front ends).  It receives each
+committed batch whole, encodes every event of it before appending any (so a
+batch is in the log entirely or not at all), writes a checkpoint at the end
+of the first batch that reaches each ``checkpoint_every`` boundary (a
+checkpoint always fingerprints a state some decision left, never one in the
+middle of a decision), and the end record on close.  The header is written
+when the first batch arrives, so the SGLang objects may still size the
+engine after the recorder is attached.
+
+If encoding or writing ever fails, the recorder stops (``failed`` holds the
+error, which the engine raises to the caller after detaching it); what it
+wrote before stays on disk and ``close`` flushes it without an end record,
+so the log reads as truncated and ``replay --salvage`` replays it.  The
+recorder owns its writer and file; it never changes the engine beyond
+subscribing and unsubscribing.
 """
 
 from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
+from kvstate.canonical import fingerprint
 from kvstate.engine import Engine
 from kvstate.events import Event
+from kvstate.events.codec import CODEC
 from kvstate.log.format import FRAME, LENGTH, auto_checkpoint_every
 from kvstate.log.writer import DEFAULT_FLUSH_BYTES, LogWriter, make_header
-from kvstate.state import State, initial_state
+from kvstate.state import initial_state
+
+_LENGTH_CRCS = [zlib.crc32(LENGTH.pack(length)) for length in range(1024)]
 
 
 def engine_of(target: Any) -> Engine:
@@ -35,19 +48,21 @@ def engine_of(target: Any) -> Engine:
 
 
 class Recorder:
-    """Records every event an engine applies into a log at ``path``.
+    """Records every event an engine commits into a log at ``path``.
 
     Use as a context manager, or call :meth:`close` (writes the end record
-    with the engine's current fingerprint, fsyncs).  If the engine already
-    applied events, they are written first (the engine must have kept them).
+    with the engine's current fingerprint, fsyncs).  Events the engine
+    applied before the recorder was attached are written first (the engine
+    must have kept them and started from an empty state).
     """
 
     def __init__(self, target: Any, path: str | os.PathLike[str], *,
                  checkpoint_every: int | None = None,
                  flush_bytes: int = DEFAULT_FLUSH_BYTES, flush_on_checkpoint: bool = True,
                  meta: dict[str, Any] | None = None, fsync: bool = True) -> None:
-        if checkpoint_every is not None and checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+        if checkpoint_every is not None and (isinstance(checkpoint_every, bool)
+                                             or checkpoint_every < 0):
+            raise ValueError(f"checkpoint_every must be an int >= 0, got {checkpoint_every!r}")
         self.engine = engine_of(target)
         self.path = os.fspath(path)
         self._checkpoint_every = checkpoint_every
@@ -55,29 +70,25 @@ class Recorder:
                          "fsync": fsync}
         self.meta = dict(meta or {})
         self.writer: LogWriter | None = None
+        self.failed: BaseException | None = None
+        self._next_checkpoint = -1
         with open(self.path, "wb"):  # fail now, not inside an engine callback, on a bad path
             pass
         history = self._history()
-        self._on_event = self._make_listener()
-        self.engine.subscribe(self._on_event)
+        self.engine.subscribe(self)
         self._attached = True
         if history:
-            state = self.engine.initial_state
-            from kvstate.reducer import apply
-
-            for evt in history:
-                state = apply(state, evt)
-                self._on_event(evt, state)
+            self.after(history, self.engine.view)
 
     def _history(self) -> list[Event]:
         engine = self.engine
-        if engine.state.seq == 0:
+        if engine.seq == 0:
             return []
         events = list(engine.events)
-        if len(events) != engine.state.seq - engine.initial_state.seq:
+        if len(events) != engine.seq - engine.initial_state.seq:
             raise ValueError("the engine applied events it did not keep; attach the recorder "
                              "before the first event")
-        if engine.initial_state != initial_state(engine.geometry):
+        if engine.initial_state.seq != 0 or engine.initial_state.fingerprint() != _empty_of(engine):
             raise ValueError("the engine did not start from an empty state; a log cannot express it")
         return events
 
@@ -89,53 +100,43 @@ class Recorder:
         return auto_checkpoint_every(self.engine.geometry)
 
     def _open(self) -> LogWriter:
+        host = self.engine.initial_state.host
         header = make_header(self.engine.geometry, checkpoint_every=self.checkpoint_every,
-                             meta=self.meta)
+                             meta=self.meta, host_pages=0 if host is None else host.num_pages)
         self.writer = LogWriter(self.path, header, **self._options)  # type: ignore[arg-type]
+        every = header.checkpoint_every
+        self._next_checkpoint = every if every else -1
         return self.writer
 
-    def _make_listener(self) -> Callable[[Event, State], None]:
-        """The engine listener: opens the writer on the first event, then appends records.
-
-        The hot path is one closure with every lookup bound to a local (this
-        is what the per-event recording cost is made of).
-        """
-        recorder = self
-        crc32 = zlib.crc32
-        frame_pack = FRAME.pack
-        length_pack = LENGTH.pack
-        every = 0
-        writer: LogWriter | None = None
-        encoders: dict[type[Event], Callable[[Event], bytes]] = {}
-        extend: Callable[[bytes], None] = bytearray().extend
-        buf = bytearray()
-        limit = 0
-        next_checkpoint = -1
-        length_crcs = [crc32(length_pack(length)) for length in range(1024)]
-
-        def listener(evt: Event, state: State) -> None:
-            nonlocal writer, encoders, extend, buf, limit, every, next_checkpoint
-            if writer is None:
-                # First event: the geometry is final now (front ends size the engine lazily).
-                writer = recorder.writer or recorder._open()
-                encoders, buf, limit = writer._encoders, writer._buf, writer.flush_bytes
-                extend = buf.extend
+    # -- the engine listener ----------------------------------------------------------
+    def after(self, events: Sequence[Event], view: Any) -> None:
+        """Append one committed batch (all of it or, on an error, none of it)."""
+        if self.failed is not None:
+            raise RuntimeError(f"the recorder stopped after an earlier error: {self.failed!r}")
+        try:
+            writer = self.writer or self._open()
+            encode = CODEC.encode
+            crc32, frame_pack, seeds = zlib.crc32, FRAME.pack, _LENGTH_CRCS
+            frames = []
+            for event in events:
+                body = encode(event)
+                length = len(body)
+                seed = seeds[length] if length < 1024 else crc32(LENGTH.pack(length))
+                frames.append(frame_pack(length, crc32(body, seed)))
+                frames.append(body)
+            buf = writer._buf
+            for part in frames:
+                buf += part
+            writer.count += len(events)
+            if self._next_checkpoint > 0 and writer.count >= self._next_checkpoint:
+                writer.write_checkpoint(fingerprint(view))
                 every = writer.header.checkpoint_every
-                next_checkpoint = (writer.count // every + 1) * every if every else -1
-            encode = encoders.get(evt.__class__) or writer.encoder(evt.__class__)
-            body = encode(evt)
-            length = len(body)
-            seed = length_crcs[length] if length < 1024 else crc32(length_pack(length))
-            extend(frame_pack(length, crc32(body, seed)))
-            extend(body)
-            count = writer.count = writer.count + 1
-            if count == next_checkpoint:
-                writer.write_checkpoint(state.fingerprint())
-                next_checkpoint += every
-            if len(buf) >= limit:
+                self._next_checkpoint = (writer.count // every + 1) * every
+            if len(buf) >= writer.flush_bytes:
                 writer.flush()
-
-        return listener
+        except BaseException as exc:
+            self.failed = exc
+            raise
 
     @property
     def count(self) -> int:
@@ -146,15 +147,30 @@ class Recorder:
             self.writer.flush()
 
     def close(self) -> None:
-        """Detach, write the end record with the engine's fingerprint, fsync and close."""
+        """Detach and finish the log: the end record with the engine's fingerprint, fsync.
+
+        After a failure it flushes what was written and leaves the end record
+        off (the log reads as truncated), without raising again.
+        """
         if self._attached:
-            self.engine.unsubscribe(self._on_event)
+            try:
+                self.engine.unsubscribe(self)
+            except ValueError:  # the engine already detached a failed recorder
+                pass
             self._attached = False
         writer = self.writer or self._open()
-        writer.close(self.engine.state.fingerprint())
+        if self.failed is not None:
+            writer.abandon()
+            return
+        writer.close(fingerprint(self.engine.view))
 
     def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _empty_of(engine: Engine) -> bytes:
+    host = engine.initial_state.host
+    return initial_state(engine.geometry, host_pages=0 if host is None else host.num_pages).fingerprint()

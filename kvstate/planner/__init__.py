@@ -1,21 +1,22 @@
-"""The planner: all policy.  Pure functions ``(state, request) -> Plan``.
+"""The planner: all policy.  Functions ``plan_*(b, ...)`` decide and emit events into a builder.
 
-A ``Plan`` carries the events a decision produced and the state they lead
-to; the planner builds it by applying each event with the pure reducer as it
-goes, so a plan is valid by construction and the caller adopts ``plan.state``
-without applying twice.  Policies (eviction order, free-list placement) are
-parameters here and never reach the reducer: the events record outcomes.
+A builder (``kvstate.planner.builder``) is the engine's open batch, or a
+standalone ``PlanBuilder`` over a frozen state.  Policies (eviction order,
+free-list placement) are parameters here and never reach the rules: the
+events record outcomes, so logs replay whatever the policy was.
 """
 
-from kvstate.planner.builder import Plan, PlanBuilder
-from kvstate.planner.evict import lru_priority, plan_evict
+from kvstate.planner.builder import Builder, Plan, PlanBuilder
+from kvstate.planner.evict import fifo_priority, lru_priority, plan_evict
 from kvstate.planner.tree_ops import InsertResult, MatchResult, plan_insert, plan_match
 
 __all__ = [
+    "Builder",
     "InsertResult",
     "MatchResult",
     "Plan",
     "PlanBuilder",
+    "fifo_priority",
     "lru_priority",
     "plan_evict",
     "plan_insert",

@@ -17,11 +17,12 @@ scheduler-level flows that evict exactly the deficit first and return
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from kvstate.events import Allocate, Append
-from kvstate.planner.builder import Plan, PlanBuilder
-from kvstate.planner.evict import Priority, lru_priority, plan_evict
-from kvstate.state import RequestId, State
+from kvstate.events import Allocate, Append, Evict
+from kvstate.planner.builder import Builder
+from kvstate.planner.evict import Priority, eviction_order, freed_pages, lru_priority
+from kvstate.state import RequestId
 
 
 def cdiv(a: int, b: int) -> int:
@@ -76,81 +77,86 @@ def decode_slots(
     return out
 
 
-def _ensure_pages(
-    builder: PlanBuilder, pages_needed: int, at_head: bool, priority: Priority
-) -> bool:
-    """Evict exactly the page deficit (in tokens); False if still short."""
-    available = len(builder.state.free_pages)
+def _ensure_pages(b: Builder, pages_needed: int, at_head: bool, priority: Priority) -> bool:
+    """Evict exactly the page deficit (in tokens) when that covers it; False (and no
+    event) when even eviction cannot."""
+    state = b.state
+    available = len(state.free_pages)
     if pages_needed <= available:
         return True
-    size = builder.state.geometry.page_size
-    builder.extend(plan_evict(builder.state, (pages_needed - available) * size,
-                              at_head=at_head, priority=priority))
-    return pages_needed <= len(builder.state.free_pages)
+    size = state.geometry.page_size
+    order = eviction_order(state, (pages_needed - available) * size, priority)
+    if available + freed_pages(state, order) < pages_needed:
+        return False
+    b.emit(Evict(tuple(order), at_head))
+    return True
 
 
-def _last_loc(state: State, request_id: RequestId) -> int:
+def last_loc(state: Any, request_id: RequestId) -> int:
+    """The slot of a request's last mapped position (-1 when it maps nothing)."""
     record = state.requests[request_id]
     if record.allocated == 0:
         return -1
     size = state.geometry.page_size
     position = record.allocated - 1
-    return record.pages[position // size] * size + position % size
+    return int(record.pages[position // size]) * size + position % size
 
 
 def plan_extend(
-    state: State,
+    b: Builder,
     items: Sequence[tuple[RequestId, int]],
     *,
     at_head: bool,
     priority: Priority = lru_priority,
     commit: bool = True,
-) -> Plan[list[list[int]]] | None:
-    """Grow each request to ``seq_len`` from its mapped length (one batched Allocate).
+) -> list[list[int]] | None:
+    """Grow each request to ``seq_len`` from its mapped length (one batched ``Allocate``).
 
-    Evicts only the page deficit; returns ``None`` when that cannot cover it.
-    With ``commit`` the new tokens are also marked written (SGLang's extend).
+    Evicts only the page deficit first (``Evict``); returns ``None``, emitting
+    nothing, when that cannot cover it.  With ``commit`` the new tokens are
+    also marked written (``Append``, SGLang's extend).
     """
+    state = b.state
     size = state.geometry.page_size
-    items = [(r if type(r) is str else int(r), int(n)) for r, n in items]  # exact types for trusted events
+    items = [(r if type(r) is str else int(r), int(n)) for r, n in items]
     entries = []
     pages_needed = 0
     for request_id, seq_len in items:
         prefix_len = state.requests[request_id].allocated
-        entries.append((prefix_len, seq_len, _last_loc(state, request_id)))
+        entries.append((prefix_len, seq_len, last_loc(state, request_id)))
         pages_needed += new_pages_for_extend(size, prefix_len, seq_len)
-    builder = PlanBuilder(state)
-    if not _ensure_pages(builder, pages_needed, at_head, priority):
+    if not _ensure_pages(b, pages_needed, at_head, priority):
         return None
-    fresh = builder.state.free_pages.head(pages_needed)
+    fresh = b.state.free_pages.head(pages_needed)
     slots = extend_slots(size, entries, fresh)
-    builder.emit(Allocate.trusted(tuple(fresh), tuple(
+    b.emit(Allocate(tuple(fresh), tuple(
         (request_id, tuple(s)) for (request_id, _), s in zip(items, slots, strict=True))))
     if commit:
-        builder.emit(Append.trusted(tuple((request_id, seq_len) for request_id, seq_len in items)))
-    return builder.done(slots)
+        b.emit(Append(tuple(items)))
+    return slots
 
 
 def plan_decode(
-    state: State,
+    b: Builder,
     request_ids: Sequence[RequestId],
     *,
     at_head: bool,
     priority: Priority = lru_priority,
-) -> Plan[list[int]] | None:
-    """One new token for each request: a batched Allocate plus Append (one decode step)."""
+) -> list[int] | None:
+    """One new token for each request: a batched ``Allocate`` plus ``Append`` (one decode
+    step), after an ``Evict`` of the deficit; ``None`` (no event) when it cannot fit."""
+    state = b.state
     size = state.geometry.page_size
     requests = state.requests
     request_ids = [r if type(r) is str else int(r) for r in request_ids]
     lengths = [requests[r].allocated for r in request_ids]
     pages_needed = sum(1 for length in lengths if length % size == 0)
-    builder = PlanBuilder(state)
-    if not _ensure_pages(builder, pages_needed, at_head, priority):
+    if not _ensure_pages(b, pages_needed, at_head, priority):
         return None
-    fresh = builder.state.free_pages.head(pages_needed)
-    entries = [(length, _last_loc(state, r)) for r, length in zip(request_ids, lengths, strict=True)]
+    fresh = b.state.free_pages.head(pages_needed)
+    entries = [(length, last_loc(state, r)) for r, length in zip(request_ids, lengths, strict=True)]
     slots = decode_slots(size, entries, fresh)
-    builder.emit(Allocate.trusted(tuple(fresh), tuple(
+    b.emit(Allocate(tuple(fresh), tuple(
         (r, (s,)) for r, s in zip(request_ids, slots, strict=True))))
-    builder.emit(Append.trusted(tuple((r, n + 1) for r, n in zip(request_ids, lengths, strict=True))))
-    return builder.done(slots)
+    b.emit(Append(tuple((r, n + 1) for r, n in zip(request_ids, lengths, strict=True))))
+    return slots

@@ -3,7 +3,7 @@
 The default priority is SGLang's LRU: oldest ``last_access`` first, ties
 broken by the older node (smaller id).  A parent that loses its last child
 and is unlocked becomes a candidate in the same pass with its own (older)
-time.  Whole nodes are evicted, so the plan may overshoot ``num_tokens``.
+time.  Whole nodes are evicted, so a plan may overshoot ``num_tokens``.
 """
 
 from __future__ import annotations
@@ -13,43 +13,30 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstate.events import Evict
-from kvstate.planner.builder import Plan, PlanBuilder
-from kvstate.state import ROOT, State
+from kvstate.planner.builder import Builder
+from kvstate.state import ROOT
 
-Priority = Callable[[State, int], Any]
+Priority = Callable[[Any, int], Any]
 
 
-def lru_priority(state: State, node_id: int) -> tuple[int, int]:
+def lru_priority(state: Any, node_id: int) -> tuple[int, int]:
     return (state.nodes[node_id].last_access, node_id)
 
 
-def fifo_priority(state: State, node_id: int) -> tuple[int, int]:
+def fifo_priority(state: Any, node_id: int) -> tuple[int, int]:
     return (node_id, node_id)  # node ids are handed out in creation order
 
 
-def _mapped_nodes(state: State) -> set[int]:
-    """Tree nodes whose pages a request maps without holding them (an unlocked prefix: never evict).
-
-    ``tree_refs`` only counts tree pages, so each names its node through ``page_node``.
-    """
+def is_mapped(state: Any, node_id: int) -> bool:
+    """Whether a request maps one of the node's pages without holding it (never evict it)."""
     tree_refs = state.tree_refs
-    if not tree_refs:
-        return set()
-    page_node = state.page_node
-    return {page_node[page] for page in tree_refs.keys() if page in page_node}
+    return bool(tree_refs) and any(map(tree_refs.__contains__, state.nodes[node_id].pages))
 
 
-def evictable_leaves(state: State, mapped: set[int] | None = None) -> list[int]:
-    """Unlocked childless nodes below the root that no request still maps.
-
-    ``mapped`` is ``_mapped_nodes(state)`` when the caller has it already.
-    """
+def candidate_leaves(state: Any) -> list[int]:
+    """Unlocked childless nodes below the root (some may still be mapped: see ``is_mapped``)."""
     if state.geometry.mode == "radix":
-        if mapped is None:
-            mapped = _mapped_nodes(state)
-        if not mapped:
-            return list(state.leaves.keys())
-        return [n for n in state.leaves.keys() if n not in mapped]
+        return list(state.leaves.keys())
     return [
         node_id
         for node_id, node in state.nodes.items()
@@ -57,10 +44,9 @@ def evictable_leaves(state: State, mapped: set[int] | None = None) -> list[int]:
     ]
 
 
-def eviction_order(state: State, num_tokens: int, priority: Priority = lru_priority) -> list[int]:
+def eviction_order(state: Any, num_tokens: int, priority: Priority = lru_priority) -> list[int]:
     """Node ids to evict, in order, until at least ``num_tokens`` are covered (or none remain)."""
-    mapped = _mapped_nodes(state)
-    heap = [(priority(state, n), n) for n in evictable_leaves(state, mapped)]
+    heap = [(priority(state, n), n) for n in candidate_leaves(state)]
     heapq.heapify(heap)
     remaining_children: dict[int, int] = {}
     order: list[int] = []
@@ -68,6 +54,8 @@ def eviction_order(state: State, num_tokens: int, priority: Priority = lru_prior
     nodes = state.nodes
     while evicted < num_tokens and heap:
         _, node_id = heapq.heappop(heap)
+        if is_mapped(state, node_id):  # checked only for the nodes actually reached
+            continue
         node = nodes[node_id]
         order.append(node_id)
         evicted += len(node.key)
@@ -76,19 +64,24 @@ def eviction_order(state: State, num_tokens: int, priority: Priority = lru_prior
             continue
         left = remaining_children.get(parent_id, len(nodes[parent_id].children)) - 1
         remaining_children[parent_id] = left
-        if left == 0 and nodes[parent_id].lock_ref == 0 and parent_id not in mapped:
+        if left == 0 and nodes[parent_id].lock_ref == 0:
             heapq.heappush(heap, (priority(state, parent_id), parent_id))
     return order
 
 
-def plan_evict(
-    state: State, num_tokens: int, *, at_head: bool, priority: Priority = lru_priority
-) -> Plan[int]:
-    """Evict at least ``num_tokens`` tokens if possible; the result is the tokens evicted."""
-    builder = PlanBuilder(state)
+def freed_pages(state: Any, order: list[int]) -> int:
+    """How many pages evicting ``order`` returns to the free list (pages no one else holds)."""
+    nodes, holders = state.nodes, state.holders
+    return sum(1 for node_id in order for page in nodes[node_id].pages if page not in holders)
+
+
+def plan_evict(b: Builder, num_tokens: int, *, at_head: bool,
+               priority: Priority = lru_priority) -> int:
+    """Evict at least ``num_tokens`` tokens if possible; the tokens evicted.  Emits ``Evict``."""
+    state = b.state
     order = eviction_order(state, num_tokens, priority) if num_tokens > 0 else []
     if not order:
-        return builder.done(0)
+        return 0
     evicted = sum(len(state.nodes[n].key) for n in order)
-    builder.emit(Evict(tuple(order), at_head))
-    return builder.done(evicted)
+    b.emit(Evict(tuple(order), at_head))
+    return evicted

@@ -19,13 +19,14 @@ on ``Req``: it is an input and an output here, never core state.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
 from kvstate.events import Assign, Free, Lock, ReqFree, Truncate, Unlock
-from kvstate.planner.builder import Plan, PlanBuilder
+from kvstate.planner.builder import Builder
 from kvstate.planner.tree_ops import plan_insert, plan_match
-from kvstate.state import DETACHED, ROOT, RequestId, State
+from kvstate.state import DETACHED, ROOT, RequestId, slots_of
 
 
 @attrs.frozen
@@ -35,7 +36,7 @@ class RequestCursor:
     last_node: int = ROOT  # node this request holds a lock on (ROOT: none)
 
 
-def pages_of_segment(state: State, request_id: RequestId, start: int, stop: int) -> list[int]:
+def pages_of_segment(state: Any, request_id: RequestId, start: int, stop: int) -> list[int]:
     """Distinct pages backing positions ``[start, stop)`` of a request, in row order."""
     if stop <= start:
         return []
@@ -44,51 +45,63 @@ def pages_of_segment(state: State, request_id: RequestId, start: int, stop: int)
     return [table[index] for index in range(start // size, -(-stop // size))]
 
 
-def free_detached(builder: PlanBuilder, pages: Sequence[int], *, at_head: bool) -> None:
+def free_detached(b: Builder, pages: Sequence[int], *, at_head: bool) -> None:
     """Free the pages of a segment that nobody holds any more (skip tree and shared pages)."""
-    holders = builder.state.holders
+    holders = b.state.holders
     detached = [p for p in dict.fromkeys(pages) if holders.get(p) == (DETACHED,)]
     if detached:
-        builder.emit(Free(tuple(detached), at_head))
+        b.emit(Free(tuple(detached), at_head))
 
 
 def plan_checkpoint(
-    state: State,
+    b: Builder,
     cursor: RequestCursor,
     token_ids: Sequence[int],
     *,
     prompt_len: int,
     up_to: int,
     at_head: bool,
-) -> Plan[RequestCursor]:
-    builder = PlanBuilder(state)
+) -> RequestCursor:
+    """Publish ``token_ids[:up_to]`` and rebind the row; the new cursor.
+
+    Emits the inserts' ``Touch``/``Split``/``Insert``, the re-match's
+    ``Touch``/``Split``, an ``Assign`` of the canonical slots, a ``Free`` of
+    the duplicates, and ``Unlock``/``Lock`` when the locked node moves.
+    """
+    state = b.state
     request_id = cursor.request
     size = state.geometry.page_size
     key = tuple(token_ids[:up_to])
     aligned = len(key) // size * size
-    values = state.slots_of(request_id, 0, aligned)
-    inserted = builder.extend(plan_insert(builder.state, key[:aligned], values, request_id))
+    values = slots_of(state, request_id, 0, aligned)
+    duplicates_from = cursor.protected_len
+    inserted = plan_insert(b, key[:aligned], values, request_id)
     prompt_aligned = min(prompt_len, len(key)) // size * size
     if 0 < prompt_aligned < aligned:
         # Split at the prompt boundary so the output part can be evicted alone.
-        builder.extend(plan_insert(builder.state, key[:prompt_aligned],
-                                   values[:prompt_aligned], request_id))
-    matched = builder.extend(plan_match(builder.state, key[:aligned]))
-    duplicate_pages = pages_of_segment(state, request_id, cursor.protected_len, inserted.prefix_len)
+        plan_insert(b, key[:prompt_aligned], values[:prompt_aligned], request_id)
+    matched = plan_match(b, key[:aligned])
+    duplicate_pages = _segment_pages(values, size, duplicates_from, inserted.prefix_len)
     if aligned > cursor.protected_len:
-        builder.emit(Assign(request_id, cursor.protected_len,
-                            matched.slots[cursor.protected_len:]))
-    free_detached(builder, duplicate_pages, at_head=at_head)
+        b.emit(Assign(request_id, cursor.protected_len, matched.slots[cursor.protected_len:]))
+    free_detached(b, duplicate_pages, at_head=at_head)
     if matched.last_node != cursor.last_node:
         if cursor.last_node != ROOT:
-            builder.emit(Unlock(cursor.last_node))
+            b.emit(Unlock(cursor.last_node))
         if matched.last_node != ROOT:
-            builder.emit(Lock(matched.last_node))
-    return builder.done(RequestCursor(request_id, aligned, matched.last_node))
+            b.emit(Lock(matched.last_node))
+    return RequestCursor(request_id, aligned, matched.last_node)
+
+
+def _segment_pages(slots: Sequence[int], size: int, start: int, stop: int) -> list[int]:
+    """Distinct pages of positions ``[start, stop)`` of a slot list, in order."""
+    if stop <= start:
+        return []
+    return [slots[index * size] // size for index in range(start // size, -(-stop // size))]
 
 
 def plan_release(
-    state: State,
+    b: Builder,
     cursor: RequestCursor,
     token_ids: Sequence[int],
     *,
@@ -97,28 +110,27 @@ def plan_release(
     checkpoint: bool,
     at_head: bool,
     close_row: bool = True,
-) -> Plan[None]:
+) -> None:
     """Finish (``checkpoint=True``) or retract (``False``) a request.
 
     ``owned`` is the KV length the request has written (SGLang's committed
     length); only ``token_ids[:owned]`` is cached.  Frees the owned range
     ``[protected_len, allocated)`` page by page in row order, drops the
     lock, and closes the row unless ``close_row`` is False (then the row is
-    truncated to its tree-owned prefix).
+    truncated to its tree-owned prefix).  Emits a checkpoint's events, then
+    ``ReqFree`` (or ``Truncate``), ``Free`` and ``Unlock``.
     """
-    builder = PlanBuilder(state)
     request_id = cursor.request
     if checkpoint:
-        cursor = builder.extend(plan_checkpoint(builder.state, cursor, token_ids,
-                                                prompt_len=prompt_len, up_to=owned,
-                                                at_head=at_head))
-    allocated = builder.state.requests[request_id].allocated
-    own_pages = pages_of_segment(builder.state, request_id, cursor.protected_len, allocated)
+        cursor = plan_checkpoint(b, cursor, token_ids, prompt_len=prompt_len, up_to=owned,
+                                 at_head=at_head)
+    state = b.state
+    allocated = state.requests[request_id].allocated
+    own_pages = pages_of_segment(state, request_id, cursor.protected_len, allocated)
     if close_row:
-        builder.emit(ReqFree((request_id,)))
+        b.emit(ReqFree((request_id,)))
     else:
-        builder.emit(Truncate(request_id, cursor.protected_len))
-    free_detached(builder, own_pages, at_head=at_head)
+        b.emit(Truncate(request_id, cursor.protected_len))
+    free_detached(b, own_pages, at_head=at_head)
     if cursor.last_node != ROOT:
-        builder.emit(Unlock(cursor.last_node))
-    return builder.done(None)
+        b.emit(Unlock(cursor.last_node))

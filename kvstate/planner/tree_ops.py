@@ -15,9 +15,11 @@ from collections.abc import Sequence
 
 import attrs
 
+from typing import Any
+
 from kvstate.events import Insert, Split, Touch
-from kvstate.planner.builder import Plan, PlanBuilder
-from kvstate.state import ROOT, RequestId, State, expand_pages
+from kvstate.planner.builder import Builder
+from kvstate.state import ROOT, RequestId, expand_pages
 
 
 @attrs.frozen
@@ -58,14 +60,15 @@ class _Walk:
     pages: tuple[int, ...]  # pages of every fully matched node, in order
 
 
-def _walk(state: State, key: tuple[int, ...]) -> _Walk:
+def _walk(state: Any, key: tuple[int, ...]) -> _Walk:
     size = state.geometry.page_size
     nodes = state.nodes
+    child_key = state.geometry.child_key
     node_id, position = ROOT, 0
     visited = [ROOT]
     pages: list[int] = []
     while position < len(key):
-        child_id = nodes[node_id].children.get(state.geometry.child_key(key[position:]))
+        child_id = nodes[node_id].children.get(child_key(key[position:position + size]))
         if child_id is None:
             break
         child = nodes[child_id]
@@ -79,56 +82,61 @@ def _walk(state: State, key: tuple[int, ...]) -> _Walk:
     return _Walk(tuple(visited), node_id, position, None, 0, tuple(pages))
 
 
-def plan_match(state: State, key: Sequence[int], *, limit: int | None = None) -> Plan[MatchResult]:
-    """Longest page-aligned cached prefix of ``key[:limit]``, splitting a partly matched node."""
+def plan_match(b: Builder, key: Sequence[int], *, limit: int | None = None) -> MatchResult:
+    """Longest page-aligned cached prefix of ``key[:limit]``, splitting a partly matched node.
+
+    Emits ``Touch`` (the root and every node walked) and at most one ``Split``.
+    """
+    state = b.state
     size = state.geometry.page_size
     tokens = tuple(key if limit is None else key[:limit])
     tokens = tokens[: len(tokens) // size * size]
-    builder = PlanBuilder(state)
     if not tokens:
-        return builder.done(MatchResult((), ROOT, 0))
+        return MatchResult((), ROOT, 0)
     walk = _walk(state, tokens)
     time = state.clock + 1
-    builder.emit(Touch(walk.visited, time))
+    b.emit(Touch(walk.visited, time))
     pages = list(walk.pages)
     last, length = walk.node, walk.position
     if walk.split_node is not None:
         new_id = state.next_node_id
-        builder.emit(Split(walk.split_node, walk.split_at, new_id, time + 1))
-        pages.extend(builder.state.nodes[new_id].pages)
+        b.emit(Split(walk.split_node, walk.split_at, new_id, time + 1))
+        pages.extend(b.state.nodes[new_id].pages)
         last, length = new_id, walk.position + walk.split_at
-    return builder.done(MatchResult(expand_pages(pages, size), last, length))
+    return MatchResult(expand_pages(pages, size), last, length)
 
 
-def plan_insert(
-    state: State, key: Sequence[int], slots: Sequence[int], owner: RequestId
-) -> Plan[InsertResult]:
-    """Insert page-aligned ``key -> slots``; ``owner``'s holds on new pages move to the tree."""
+def plan_insert(b: Builder, key: Sequence[int], slots: Sequence[int],
+                owner: RequestId) -> InsertResult:
+    """Insert page-aligned ``key -> slots``; ``owner``'s holds on new pages move to the tree.
+
+    Emits ``Touch``, at most one ``Split`` and at most one ``Insert``.
+    """
+    state = b.state
     size = state.geometry.page_size
     aligned = len(key) // size * size
     tokens, values = tuple(key[:aligned]), tuple(slots[:aligned])
-    builder = PlanBuilder(state)
     time = state.clock + 1
     if not tokens:
-        builder.emit(Touch((ROOT,), time))
-        return builder.done(InsertResult(0, ROOT))
+        b.emit(Touch((ROOT,), time))
+        return InsertResult(0, ROOT)
     walk = _walk(state, tokens)
-    builder.emit(Touch(walk.visited, time))
+    b.emit(Touch(walk.visited, time))
     parent, position = walk.node, walk.position
     if walk.split_node is not None:
         time += 1
-        parent = state.next_node_id
-        builder.emit(Split(walk.split_node, walk.split_at, parent, time))
+        parent = b.state.next_node_id
+        b.emit(Split(walk.split_node, walk.split_at, parent, time))
         position += walk.split_at
     if position == len(tokens):
-        return builder.done(InsertResult(position, parent))
+        return InsertResult(position, parent)
     time += 1
-    leaf = builder.state.next_node_id
-    builder.emit(Insert(parent, tokens[position:], values[position:], leaf, time, owner))
-    return builder.done(InsertResult(position, leaf))
+    leaf = b.state.next_node_id
+    b.emit(Insert(parent, tokens[position:], values[position:], leaf, time, owner))
+    return InsertResult(position, leaf)
 
 
-def prefix_length(state: State, key: Sequence[int]) -> int:
+def prefix_length(state: Any, key: Sequence[int]) -> int:
     """Tokens of the page-aligned ``key`` already in the tree (read-only, no events)."""
     size = state.geometry.page_size
     tokens = tuple(key[: len(key) // size * size])

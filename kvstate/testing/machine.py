@@ -1,15 +1,15 @@
-"""``SpecMachine``: a hypothesis state machine that drives the reducer and the spec model
+"""``SpecMachine``: a hypothesis state machine that drives the rules and the spec model
 side by side.
 
 Every step goes through :meth:`SpecMachine.step`, the single choke point: the
-event is applied to the reducer (through the overridable :meth:`apply_event`)
+event is applied by the persistent backend (through the overridable :meth:`apply_event`)
 and to ``specs.model``; both must accept or both reject, and after an
 accepted step ``abstract(state) == model``, every ALWAYS property holds and
 every TRANSITIONS property holds on the edge.  On a failure the events so
 far are written to ``replay/failures/<MachineName>.msgpack`` (each failing
 run overwrites it, so the file ends up holding hypothesis's shrunk example).
 
-Subclass it to check your own executor or reducer variant: override
+Subclass it to check your own executor or rule variant: override
 ``apply_event`` (and call ``super().apply_event``), or add rules that call
 ``self.step``.  The machine owns and mutates only its own attributes.
 """
@@ -35,7 +35,7 @@ from kvstate import events as ev
 from kvstate.checking.enabled import candidate_events
 from kvstate.checking.scopes import Scope
 from kvstate.errors import InvalidEvent
-from kvstate.reducer import apply
+from kvstate.backends.persistent import apply_valid as apply
 from kvstate.state import ROOT, Geometry, State, initial_state
 from kvstate.testing.strategies import MachineScope, boundary_lengths, machine_scopes
 
@@ -51,7 +51,7 @@ class SpecMachine(RuleBasedStateMachine):
 
     # -- the choke point ---------------------------------------------------------------
     def apply_event(self, state: State, event: ev.Event) -> State:
-        """The implementation under test (the pure reducer by default)."""
+        """The implementation under test (the persistent backend by default)."""
         return apply(state, event)
 
     def step(self, event: ev.Event) -> bool:

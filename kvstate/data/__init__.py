@@ -1,0 +1,1 @@
+"""Package data: the bundled demo log (``demo.kvlog``)."""

@@ -1,0 +1,288 @@
+"""Event records: ``[tag, version, *fields]`` as msgpack bytes, validated in C.
+
+msgspec encodes an event as ``[tag, *fields]`` (an array-like tagged struct);
+a record also carries the event's version after the tag.  Both directions
+therefore patch two bytes of msgspec's output instead of building Python
+lists: the array header grows or shrinks by one and the version byte is
+inserted or checked.  Records that do not have that exact shape (another
+encoder's wider headers, an older version) take the slow path: a generic,
+size-limited decode, the registered upcasters, then the same validation.
+
+Decoding checks every field's type and range (``kvstate.events.base``) and
+raises ``EventDecodeError`` for anything else: an unknown tag, a bool where
+an int belongs, a float, an out-of-range id, a wrong field count, trailing
+bytes, absurd nesting.  Pure; the encoder and decoder are built once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Union
+
+import msgpack
+import msgspec
+
+from kvstate.events.base import EVENT_TYPES, Event
+
+Fields = tuple[Any, ...]
+Upcaster = Callable[[Fields], Fields]
+Registry = dict[tuple[str, int], Upcaster]
+
+UPCASTERS: Registry = {}  # (tag, from_version) -> fields at from_version + 1
+
+
+class EventDecodeError(ValueError):
+    """A record body is not a valid event of any known tag and version."""
+
+
+def upcaster(tag: str, from_version: int,
+             registry: Registry | None = None) -> Callable[[Upcaster], Upcaster]:
+    """Register ``fn(fields) -> fields`` turning version ``from_version`` of ``tag`` into the next."""
+    target = UPCASTERS if registry is None else registry
+
+    def register(fn: Upcaster) -> Upcaster:
+        key = (tag, from_version)
+        if key in target:
+            raise ValueError(f"an upcaster for {tag!r} version {from_version} is already registered")
+        target[key] = fn
+        return fn
+
+    return register
+
+
+def _upcast_path(tag: str, version: int, current: int, registry: Registry) -> None:
+    """Refuse a version no upcaster chain leads from (before any field is decoded)."""
+    if version > current:
+        raise EventDecodeError(f"event {tag!r} version {version} is newer than this kvstate "
+                               f"({current})")
+    for step in range(version, current):
+        if (tag, step) not in registry:
+            raise EventDecodeError(f"no upcaster from event {tag!r} version {step}")
+
+
+def _upcast(tag: str, version: int, fields: Fields, current: int, registry: Registry) -> Fields:
+    _upcast_path(tag, version, current, registry)
+    while version < current:
+        step = registry.get((tag, version))
+        if step is None:
+            raise EventDecodeError(f"no upcaster from event {tag!r} version {version}")
+        try:
+            fields = tuple(step(fields))
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
+            raise EventDecodeError(f"upcaster for {tag!r} version {version} failed: {exc}") from None
+        version += 1
+    return fields
+
+
+class Codec:
+    """Encoder and validating decoder over every registered event type.
+
+    Built once per set of event types (``CODEC`` covers all of them); a
+    module that registers more event types later gets them by ``refresh``.
+    """
+
+    def __init__(self) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        types = tuple(EVENT_TYPES.values())
+        self.types = dict(EVENT_TYPES)
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._decoder = msgspec.msgpack.Decoder(Union[types])  # type: ignore[valid-type]  # noqa: UP007
+        # msgspec writes a fixarray header and a two-byte fixstr tag; a record has the
+        # version after the tag.  Both maps go between the two 4- and 5-byte prefixes.
+        # Only the exact field count maps: msgspec would accept an array_like struct
+        # with trailing defaults left out, and a record must carry every field.
+        self._to_record: dict[bytes, bytes] = {}
+        self._from_record: dict[bytes, bytes] = {}
+        for cls in types:
+            tag = b"\xa2" + cls.TAG.encode()
+            count = len(cls.__struct_fields__) + 1  # the tag, then the fields
+            plain = bytes((0x90 | count,)) + tag
+            record = bytes((0x90 | (count + 1),)) + tag + bytes((cls.VERSION,))
+            self._from_record[record] = plain
+            # msgspec leaves out no field when encoding, so one prefix per class suffices.
+            self._to_record[plain] = record
+
+    # -- encoding ----------------------------------------------------------------
+    def encode(self, evt: Event) -> bytes:
+        """The record body ``[tag, version, *fields]`` (msgpack)."""
+        raw = self._encode(evt)
+        return self._to_record[raw[:4]] + raw[4:]
+
+    # -- decoding ----------------------------------------------------------------
+    def decode(self, body: bytes, upcasters: Registry | None = None) -> Event:
+        """A validated event from a record body; ``EventDecodeError`` for anything else."""
+        plain = self._from_record.get(body[:5])
+        if plain is not None:
+            return self._typed(plain + body[5:], body[2:4])
+        return self._decode_slow(body, UPCASTERS if upcasters is None else upcasters)
+
+    def _typed(self, plain: bytes, tag: bytes) -> Event:
+        """Decode ``[tag, *fields]`` straight into the event struct (checked in C as it goes)."""
+        try:
+            return self._decoder.decode(plain)  # type: ignore[no-any-return]
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise EventDecodeError(_explain(tag, exc)) from None
+        except RecursionError:  # defensive: typed decoding fails at the first wrong level
+            raise EventDecodeError("record nests deeper than any event field") from None
+
+    def _decode_slow(self, body: bytes, registry: Registry) -> Event:
+        """A record the fast path did not recognise: another encoder's wider headers, an
+        older version, a wrong field count or not an event at all.
+
+        Never decodes a body generically (a 16 MiB record of empty containers would
+        become a gigabyte of Python objects): the array header is read by hand, the
+        elements are split as raw msgpack, only the tag and version are decoded
+        alone, and the fields go through the same typed decoder as the fast path.
+        Only a registered upcaster chain decodes old fields generically.
+        """
+        count = _array_count(body)
+        if count is None or count < 2:
+            raise EventDecodeError("record is not an array [tag, version, *fields]")
+        if count > MAX_RECORD_ITEMS:
+            raise EventDecodeError(f"record has {count - 2} fields, more than any event has")
+        try:
+            items = _RAW_ITEMS.decode(body)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise EventDecodeError(f"record body is not valid msgpack ({exc})") from None
+        tag = _scalar(items[0], str)
+        cls = self.types.get(tag) if type(tag) is str else None
+        if cls is None:
+            raise EventDecodeError(f"unknown record tag {_shown(items[0])}")
+        version = _scalar(items[1], int)
+        if type(version) is not int:
+            raise EventDecodeError(f"event {tag!r} version is a {_kind(items[1])}")
+        fields = items[2:]
+        if version != cls.VERSION:
+            _upcast_path(tag, version, cls.VERSION, registry)  # refuse before decoding anything
+            decoded = tuple(_generic(raw) for raw in fields)
+            return self.from_fields(cls, _upcast(tag, version, decoded, cls.VERSION, registry))
+        expected = len(cls.__struct_fields__)
+        if len(fields) != expected:
+            raise EventDecodeError(f"{cls.__name__} has {expected} fields, record has {len(fields)}")
+        plain = bytes((0x90 | (expected + 1),)) + bytes(items[0]) + b"".join(bytes(f) for f in fields)
+        return self._typed(plain, cls.TAG.encode())
+
+    def from_fields(self, cls: type[Event], fields: Fields) -> Event:
+        """Validate plain field values (lists or tuples) into an event of ``cls``."""
+        expected = len(cls.__struct_fields__)
+        if len(fields) != expected:
+            raise EventDecodeError(f"{cls.__name__} has {expected} fields, record has {len(fields)}")
+        try:
+            return msgspec.convert([cls.TAG, *fields], cls, strict=True)
+        except (msgspec.ValidationError, TypeError, RecursionError) as exc:
+            raise EventDecodeError(f"bad fields for {cls.__name__}: {_where(cls, exc)}") from None
+
+
+# A record is [tag, version, *fields]; no event has more than a handful of fields, so a
+# longer top-level array is refused from its header alone.
+MAX_RECORD_ITEMS = 2 + 16
+_RAW_ITEMS = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_PATH = re.compile(r"^(?P<what>.*?)(?: - at `\$\[(?P<index>\d+)\](?P<rest>[^`]*)`)?$", re.S)
+
+
+def _array_count(body: bytes) -> int | None:
+    """The element count of a msgpack array header at the start of ``body`` (None: not one)."""
+    if not body:
+        return None
+    first = body[0]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    if first == 0xDC and len(body) >= 3:
+        return int.from_bytes(body[1:3], "big")
+    if first == 0xDD and len(body) >= 5:
+        return int.from_bytes(body[1:5], "big")
+    return None
+
+
+def _scalar(raw: msgspec.Raw, kind: type) -> Any:
+    """``raw`` decoded as ``kind`` (None when it is something else)."""
+    try:
+        return msgspec.msgpack.decode(raw, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def _kind(raw: msgspec.Raw) -> str:
+    """The msgpack kind of a raw element, named as Python would (for messages)."""
+    first = bytes(raw)[:1]
+    if not first:
+        return "nothing"
+    byte = first[0]
+    if byte <= 0x7F or byte >= 0xE0 or 0xCC <= byte <= 0xD3:
+        return "int"
+    if 0xA0 <= byte <= 0xBF or 0xD9 <= byte <= 0xDB:
+        return "str"
+    if byte in (0xC2, 0xC3):
+        return "bool"
+    if byte in (0xCA, 0xCB):
+        return "float"
+    if 0xC4 <= byte <= 0xC6:
+        return "bytes"
+    if byte == 0xC0:
+        return "None"
+    return "container"
+
+
+def _shown(raw: msgspec.Raw) -> str:
+    value = _scalar(raw, str)
+    return repr(value) if value is not None else f"of type {_kind(raw)}"
+
+
+def _generic(raw: msgspec.Raw) -> Any:
+    """An old-version field decoded without a type (only on a registered upcaster path)."""
+    try:
+        return msgpack.unpackb(bytes(raw), use_list=True, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
+            RecursionError) as exc:
+        raise EventDecodeError(f"record field is not valid msgpack ({exc})") from None
+
+
+def _where(cls: type[Event], exc: Exception) -> str:
+    """msgspec's message with its ``$[k]...`` path named as ``Class.field[...]``."""
+    match = _PATH.match(str(exc))
+    if match is None or match.group("index") is None:
+        return str(exc)
+    index = int(match.group("index")) - 1  # $[0] is the tag in [tag, *fields]
+    names = cls.__struct_fields__
+    field = names[index] if 0 <= index < len(names) else f"#{index}"
+    rest = match.group("rest")
+    at = f" at {rest}" if rest else ""
+    return f"{cls.__name__}.{field} has a bad value{at}: {match.group('what')}"
+
+
+def _explain(tag: bytes, exc: Exception) -> str:
+    cls = EVENT_TYPES.get(tag.decode(errors="replace"))
+    if cls is None:
+        return f"bad record {tag!r}: {exc}"
+    return f"bad fields for {cls.__name__}: {_where(cls, exc)}"
+
+
+CODEC = Codec()
+
+
+def encode_event(evt: Event) -> bytes:
+    """The msgpack record body of ``evt``: ``[tag, version, *fields]``."""
+    return CODEC.encode(evt)
+
+
+def decode_event(body: bytes) -> Event:
+    """The validated event of a record body (``EventDecodeError`` if it is not one)."""
+    return CODEC.decode(body)
+
+
+def event_record(evt: Event) -> list[Any]:
+    """``[tag, version, *fields]`` as plain Python lists and values (for display and tests)."""
+    return msgpack.unpackb(CODEC.encode(evt), use_list=True)  # type: ignore[no-any-return]
+
+
+def validated(evt: Event) -> Event:
+    """``evt`` with every field checked and normalised (tuples, exact ints); raises
+    ``EventDecodeError`` when a field has the wrong type or range.  About a
+    microsecond: the public ``apply`` entry points call it, planners do not."""
+    cls = type(evt)
+    if EVENT_TYPES.get(getattr(cls, "TAG", "")) is not cls:
+        raise EventDecodeError(f"{cls.__name__} is not a registered event type")
+    return CODEC.from_fields(cls, evt.fields())

@@ -1,0 +1,278 @@
+"""The named invariants, checked only where events changed a live state.
+
+``IncrementalChecker(live)`` switches on the rules' change reports
+(``LiveState.touched``) and keeps a few shadows the rules never see: each
+request's mapped pages and their reverse index (page -> requests mapping
+it), each node's token contribution to the tree sizes, and the number of
+open rows.  ``check()`` then verifies every named property on the pages,
+nodes and requests touched since the last call, plus the global sums, in
+time proportional to that change.  After a reset (``touched.everything``)
+it runs the full checks and rebuilds its shadows.
+
+The full checks in ``kvstate.invariants.core`` stay the definition; tests
+compare the two on every event of seeded runs.  Owns its shadows; never
+writes the live state (beyond installing ``touched``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from kvstate.invariants.core import node_locks, request_shape
+from kvstate.invariants.registry import HOST_NAMES, Violation, run_checks
+from kvstate.records import RequestId
+from kvstate.rules.store import Touched
+from kvstate.state import DETACHED, ROOT, block_child_key
+
+
+class IncrementalChecker:
+    """Checks a ``LiveState`` after each run of events, looking only where it changed."""
+
+    def __init__(self, live: Any) -> None:
+        self.live = live
+        live.touched = Touched()
+        self.full_checks = 0
+        self._rebuild()
+
+    # -- shadows -----------------------------------------------------------------
+    def _rebuild(self) -> None:
+        live = self.live
+        self.tables: dict[RequestId, list[int | None]] = {}  # None: a dangling entry
+        self.mapped_by: dict[int, set[RequestId]] = {}
+        for request_id, record in live.requests.items():
+            self._map(request_id, _entries(record))
+        self.sizes: dict[int, tuple[int, int]] = {}
+        self.evictable = self.protected = 0
+        for node_id, node in live.nodes.items():
+            self._size(node_id, node)
+        self.rows = sum(1 for r in live.requests if isinstance(r, int))
+
+    def _map(self, request_id: RequestId, entries: list[int | None]) -> None:
+        self.tables[request_id] = entries
+        mapped_by = self.mapped_by
+        for page in entries:
+            if page is not None:
+                mapped_by.setdefault(page, set()).add(request_id)
+
+    def _unmap(self, request_id: RequestId, entries: list[int | None]) -> None:
+        mapped_by = self.mapped_by
+        for page in entries:
+            if page is None:
+                continue
+            owners = mapped_by.get(page)
+            if owners is not None:
+                owners.discard(request_id)
+                if not owners:
+                    del mapped_by[page]
+
+    def _size(self, node_id: int, node: Any) -> None:
+        old = self.sizes.pop(node_id, (0, 0))
+        self.evictable -= old[0]
+        self.protected -= old[1]
+        if node is None or node_id == ROOT:
+            return
+        tokens = len(node.key)
+        new = (0, tokens) if node.lock_ref > 0 else (tokens, 0)
+        self.sizes[node_id] = new
+        self.evictable += new[0]
+        self.protected += new[1]
+
+    # -- checking ----------------------------------------------------------------
+    def check(self) -> list[Violation]:
+        """Every violation in what changed since the last call (then forgets the changes)."""
+        live = self.live
+        touched: Touched = live.touched
+        if touched.everything:
+            touched.clear()
+            self.full_checks += 1
+            self._rebuild()
+            return run_checks(live)
+        found: list[Violation] = []
+        pages = set(touched.pages)  # plus the pages a changed table now maps, or no longer does
+        for request_id, index in touched.requests.items():
+            found.extend(self._request(request_id, index, pages))
+        for page in pages:
+            found.extend(self._page(page))
+        for node_id in touched.nodes:
+            found.extend(self._node(node_id, links=True))
+        for node_id in touched.stamped - touched.nodes:
+            found.extend(self._node(node_id, links=False))
+        found.extend(self._globals())
+        if touched.host_nodes or (live.host is not None and touched.nodes):
+            found.extend(run_checks(live, tuple(sorted(HOST_NAMES))))
+        touched.clear()
+        return found
+
+    def _request(self, request_id: RequestId, index: int, pages: set[int]) -> list[Violation]:
+        """Re-map a changed request in the shadows (adding the pages involved to ``pages``)
+        and check its record."""
+        found: list[Violation] = []
+        live = self.live
+        record = live.requests.get(request_id)
+        old = self.tables.get(request_id)
+        if old is not None:
+            changed = old if record is None else old[index:]
+            self._unmap(request_id, changed)
+        else:
+            changed = []
+        pages.update(page for page in changed if page is not None)
+        if record is None:
+            self.tables.pop(request_id, None)
+            if isinstance(request_id, int):
+                self.rows -= 1 if old is not None else 0
+                if request_id not in live.free_rows and request_id != 0:
+                    found.append(Violation("reserved_ids",
+                                           f"row {request_id} is neither open nor free"))
+            return found
+        if old is None and isinstance(request_id, int):
+            self.rows += 1
+        kept = [] if old is None else old[:index]
+        new = _entries(record, len(kept))
+        self._map(request_id, kept + new)
+        pages.update(page for page in new if page is not None)
+        found.extend(Violation("request_lengths", message)
+                     for message in request_shape(live, request_id, record))
+        if isinstance(request_id, int):
+            if request_id == 0:
+                found.append(Violation("reserved_ids", "row 0 is open as a request"))
+            elif request_id in live.free_rows:
+                found.append(Violation("reserved_ids", f"row {request_id} is both open and free"))
+        return found
+
+    def _page(self, page: int) -> Iterator[Violation]:
+        live = self.live
+        block = live.geometry.mode == "block"
+        held = live.holders.get(page)
+        node_id = live.page_node.get(page)
+        free = page in live.free_pages
+        if not 1 <= page <= live.geometry.num_pages:
+            if held is not None or node_id is not None or free:
+                yield Violation("conservation", f"page {page} outside 1..N is tracked")
+            return
+        taken = held is not None if block else (held is not None or node_id is not None)
+        if free and taken:
+            yield Violation("conservation", f"page {page} is both free and held")
+        elif not free and not taken:
+            yield Violation("conservation", f"page {page} is neither free nor held (leaked)")
+        mappers = self.mapped_by.get(page, set())
+        if held is not None:
+            for message in _holders(page, held, mappers, block):
+                yield Violation("refcounts", message)
+        if node_id is not None:
+            node = live.nodes.get(node_id)
+            if node is None or page not in node.pages:
+                yield Violation("node_shape", f"page {page} claims tree node {node_id}, "
+                                              "which does not hold it")
+        held = held or ()
+        if block:
+            for request_id in mappers:
+                if request_id not in held:
+                    yield Violation("table_refs_live", f"request {request_id!r} maps page {page}, "
+                                                       "which it does not hold")
+            return
+        unheld = [r for r in mappers if r not in held]
+        if node_id is None and unheld:
+            yield Violation("table_refs_live", f"request {unheld[0]!r} maps page {page}, which "
+                                               "neither it nor the tree holds")
+        expected = len(unheld) if node_id is not None else 0
+        if live.tree_refs.get(page, 0) != expected:
+            yield Violation("table_refs_live", "the index of tree pages mapped without a hold is "
+                                               f"off at page {page}")
+
+    def _node(self, node_id: int, *, links: bool) -> Iterator[Violation]:
+        live = self.live
+        node = live.nodes.get(node_id)
+        self._size(node_id, node)
+        in_leaves = node_id in live.leaves
+        if node is None:
+            if in_leaves:
+                yield Violation("leaf_index", f"leaf index lists removed node {node_id}")
+            return
+        if node.last_access > live.clock:
+            yield Violation("clock", f"node {node_id} access time {node.last_access} is after "
+                                     f"clock {live.clock}")
+        if not links:
+            return
+        for message in node_locks(live.nodes, node_id, node):
+            yield Violation("lock_monotonic", message)
+        if live.geometry.mode == "radix":
+            leaf = node_id != ROOT and node.lock_ref == 0 and not node.children
+            if leaf != in_leaves:
+                yield Violation("leaf_index", f"leaf index is off at node {node_id}")
+        for message in _node_links(live, node_id, node):
+            yield Violation("node_shape", message)
+
+    def _globals(self) -> Iterator[Violation]:
+        live = self.live
+        if (self.evictable, self.protected) != (live.evictable_size, live.protected_size):
+            yield Violation("tree_sizes", f"evictable/protected are {live.evictable_size}/"
+                                          f"{live.protected_size}, nodes say "
+                                          f"{self.evictable}/{self.protected}")
+        if self.rows + len(live.free_rows) != live.geometry.num_rows:
+            yield Violation("reserved_ids", "open rows and free rows do not partition 1..num_rows")
+        if 0 in live.holders or 0 in live.page_node or 0 in live.free_pages:
+            yield Violation("reserved_ids", "page 0 is tracked as free or held")
+
+
+def _entries(record: Any, start: int = 0) -> list[int | None]:
+    """A request's table from index ``start``, dangling entries as ``None``."""
+    pages = record.pages
+    if not record.dangling:
+        return list(pages[start:])
+    gone = set(record.dangling)
+    return [None if index in gone else pages[index] for index in range(start, len(pages))]
+
+
+def _holders(page: int, held: tuple[RequestId, ...], mappers: set[RequestId],
+             block: bool) -> Iterator[str]:
+    if not held:
+        yield f"page {page} has an empty holder entry"
+    if block:
+        requests = [h for h in held if h != DETACHED or isinstance(h, str)]
+        if len(requests) != len(set(requests)):
+            yield f"page {page} lists a request holder twice: {list(held)}"
+    else:
+        requests = list(held)
+        if len(held) != len(set(held)):
+            yield f"page {page} lists a holder twice: {list(held)}"
+    for holder in requests:
+        if holder == DETACHED and not isinstance(holder, str):
+            if len(held) > 1:
+                yield f"page {page} is DETACHED and held by requests {list(held)}"
+            continue
+        if holder not in mappers:
+            yield f"page {page} is held by request {holder!r} but not in its table"
+
+
+def _node_links(live: Any, node_id: int, node: Any) -> Iterator[str]:
+    """Shape and links of one node: key vs pages, its parent's index, its children, its pages."""
+    nodes, geometry = live.nodes, live.geometry
+    size = geometry.page_size
+    block = geometry.mode == "block"
+
+    def key_of(record: Any) -> Any:
+        return block_child_key(record.key, record.extra) if block else geometry.child_key(record.key)
+
+    if node_id != ROOT:
+        if block:
+            if len(node.key) != size:
+                yield f"node {node_id} key length {len(node.key)} is not the block size {size}"
+            if not node.pages and not len(node.children):
+                yield f"node {node_id} has no copy and no child (should have been pruned)"
+        elif not node.key or len(node.key) != len(node.pages) * size:
+            yield f"node {node_id} key length {len(node.key)} vs {len(node.pages)} pages"
+        parent = nodes.get(node.parent)
+        if parent is None:
+            yield f"node {node_id} has missing parent {node.parent}"
+        elif parent.children.get(key_of(node)) != node_id:
+            yield f"node {node_id} is not indexed under its key in its parent"
+        for page in node.pages:
+            if live.page_node.get(page) != node_id:
+                yield f"node {node_id} page {page} is not recorded as its"
+    for child_key, child_id in node.children.items():
+        child = nodes.get(child_id)
+        if child is None or child.parent != node_id:
+            yield f"node {node_id} child {child_id} does not point back"
+        elif key_of(child) != child_key:
+            yield f"node {node_id} indexes child {child_id} under a wrong key"

@@ -1,0 +1,84 @@
+"""Precondition checks and small edits shared by the rules (raise ``Reject``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kvstate.records import RequestId
+from kvstate.rules import Reject
+from kvstate.state import DETACHED
+
+
+def check_distinct(values: Sequence[object], what: str) -> None:
+    if len(set(values)) != len(values):
+        seen: set[object] = set()
+        for value in values:
+            if value in seen:
+                raise Reject(f"duplicate {what} {value!r} in one event")
+            seen.add(value)
+
+
+def check_page_id(s: Any, page: int) -> None:
+    if page == 0:
+        raise Reject("page 0 is the reserved padding page")
+    if not 1 <= page <= s.geometry.num_pages:
+        raise Reject(f"page {page} is outside 1..{s.geometry.num_pages}")
+
+
+def check_request(s: Any, request_id: RequestId) -> None:
+    if request_id not in s.requests:
+        raise Reject(f"unknown request {request_id!r}")
+
+
+def check_time(s: Any, time: int) -> None:
+    if time < s.clock:
+        raise Reject(f"logical time {time} is before the clock {s.clock}")
+
+
+def bump_counts(counts: Any, pages: Iterable[int], delta: int) -> None:
+    """Add ``delta`` to each page's count in a mutable mapping, dropping zeros."""
+    for page in pages:
+        count = counts.get(page, 0) + delta
+        if count:
+            counts[page] = count
+        else:
+            del counts[page]
+
+
+def unheld_tree_pages(s: Any, request_id: RequestId, pages: Iterable[int]) -> list[int]:
+    """Those of ``pages`` that are tree pages ``request_id`` maps without holding."""
+    page_node, holders = s.page_node, s.holders
+    return [p for p in pages if p in page_node and request_id not in holders.get(p, ())]
+
+
+def drop_holds(s: Any, request_id: RequestId, pages: Iterable[int]) -> None:
+    """Drop ``request_id``'s hold on ``pages`` in place.
+
+    A page left with no holder becomes DETACHED unless the tree holds it; pages
+    the request maps but does not hold (tree pages, dangling entries) are skipped.
+    """
+    holders, page_node = s.holders, s.page_node
+    for page in pages:
+        held = holders.get(page)
+        if held is None or request_id not in held:
+            continue
+        if len(held) > 1:  # the usual single holder needs no new tuple
+            rest = tuple(h for h in held if h != request_id)
+            if rest:
+                holders[page] = rest
+                continue
+        if page in page_node:
+            del holders[page]
+        else:
+            holders[page] = (DETACHED,)
+
+
+def live_entries(pages: Sequence[int], dangling: Sequence[int], start: int = 0,
+                 stop: int | None = None) -> list[int]:
+    """The pages of table indices ``[start, stop)`` that are not dangling."""
+    stop = len(pages) if stop is None else stop
+    if not dangling:
+        return list(pages[start:stop])
+    gone = set(dangling)
+    return [pages[i] for i in range(start, stop) if i not in gone]
