@@ -16,7 +16,7 @@ import pytest
 from kvstate.checking import SCOPES, run_check
 from kvstate.checking.counterexample import read_log
 from kvstate.cli import main
-from kvstate.reducer import apply
+from kvstate import apply
 from kvstate.state import initial_state
 
 PINNED = {  # scope: (unique states, edges)

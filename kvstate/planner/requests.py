@@ -26,7 +26,7 @@ import attrs
 from kvstate.events import Assign, Free, Lock, ReqFree, Truncate, Unlock
 from kvstate.planner.builder import Builder
 from kvstate.planner.tree_ops import plan_insert, plan_match
-from kvstate.state import DETACHED, ROOT, RequestId, slots_of
+from kvstate.state import DETACHED, ROOT, RequestId
 
 
 @attrs.frozen
@@ -73,17 +73,19 @@ def plan_checkpoint(
     size = state.geometry.page_size
     key = tuple(token_ids[:up_to])
     aligned = len(key) // size * size
-    values = slots_of(state, request_id, 0, aligned)
-    duplicates_from = cursor.protected_len
-    inserted = plan_insert(b, key[:aligned], values, request_id)
+    pages = tuple(state.requests[request_id].pages[:aligned // size])
+    inserted = plan_insert(b, key[:aligned], None, request_id, pages=pages)
     prompt_aligned = min(prompt_len, len(key)) // size * size
     if 0 < prompt_aligned < aligned:
         # Split at the prompt boundary so the output part can be evicted alone.
-        plan_insert(b, key[:prompt_aligned], values[:prompt_aligned], request_id)
+        plan_insert(b, key[:prompt_aligned], None, request_id, pages=pages)
     matched = plan_match(b, key[:aligned])
-    duplicate_pages = _segment_pages(values, size, duplicates_from, inserted.prefix_len)
-    if aligned > cursor.protected_len:
-        b.emit(Assign(request_id, cursor.protected_len, matched.slots[cursor.protected_len:]))
+    # The request's own copies of what the tree had already: freed below.
+    duplicate_pages = list(dict.fromkeys(
+        pages[cursor.protected_len // size: -(-inserted.prefix_len // size)]))
+    if aligned > cursor.protected_len and matched.pages[cursor.protected_len // size:] != pages[
+            cursor.protected_len // size:]:
+        b.emit(Assign(request_id, cursor.protected_len, matched.slots_from(cursor.protected_len)))
     free_detached(b, duplicate_pages, at_head=at_head)
     if matched.last_node != cursor.last_node:
         if cursor.last_node != ROOT:
@@ -91,13 +93,6 @@ def plan_checkpoint(
         if matched.last_node != ROOT:
             b.emit(Lock(matched.last_node))
     return RequestCursor(request_id, aligned, matched.last_node)
-
-
-def _segment_pages(slots: Sequence[int], size: int, start: int, stop: int) -> list[int]:
-    """Distinct pages of positions ``[start, stop)`` of a slot list, in order."""
-    if stop <= start:
-        return []
-    return [slots[index * size] // size for index in range(start // size, -(-stop // size))]
 
 
 def plan_release(

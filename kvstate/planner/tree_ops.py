@@ -24,9 +24,21 @@ from kvstate.state import ROOT, RequestId, expand_pages
 
 @attrs.frozen
 class MatchResult:
-    slots: tuple[int, ...]
+    """A cached prefix: ``length`` tokens on ``pages``, ending at ``last_node``."""
+
+    pages: tuple[int, ...]
     last_node: int
     length: int
+    page_size: int = 1
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """Every slot of the prefix, in order (expanded on demand: O(length))."""
+        return expand_pages(self.pages, self.page_size)
+
+    def slots_from(self, start: int) -> tuple[int, ...]:
+        """The slots of positions ``[start, length)`` (``start`` on a page boundary)."""
+        return expand_pages(self.pages[start // self.page_size:], self.page_size)
 
 
 @attrs.frozen
@@ -92,30 +104,31 @@ def plan_match(b: Builder, key: Sequence[int], *, limit: int | None = None) -> M
     tokens = tuple(key if limit is None else key[:limit])
     tokens = tokens[: len(tokens) // size * size]
     if not tokens:
-        return MatchResult((), ROOT, 0)
+        return MatchResult((), ROOT, 0, size)
     walk = _walk(state, tokens)
     time = state.clock + 1
     b.emit(Touch(walk.visited, time))
-    pages = list(walk.pages)
+    pages = walk.pages
     last, length = walk.node, walk.position
     if walk.split_node is not None:
         new_id = state.next_node_id
         b.emit(Split(walk.split_node, walk.split_at, new_id, time + 1))
-        pages.extend(b.state.nodes[new_id].pages)
+        pages = pages + tuple(b.state.nodes[new_id].pages)
         last, length = new_id, walk.position + walk.split_at
-    return MatchResult(expand_pages(pages, size), last, length)
+    return MatchResult(pages, last, length, size)
 
 
-def plan_insert(b: Builder, key: Sequence[int], slots: Sequence[int],
-                owner: RequestId) -> InsertResult:
-    """Insert page-aligned ``key -> slots``; ``owner``'s holds on new pages move to the tree.
+def plan_insert(b: Builder, key: Sequence[int], slots: Sequence[int] | None,
+                owner: RequestId, *, pages: Sequence[int] | None = None) -> InsertResult:
+    """Insert page-aligned ``key -> slots`` (or ``pages``, one per page of ``key``);
+    ``owner``'s holds on new pages move to the tree.
 
     Emits ``Touch``, at most one ``Split`` and at most one ``Insert``.
     """
     state = b.state
     size = state.geometry.page_size
     aligned = len(key) // size * size
-    tokens, values = tuple(key[:aligned]), tuple(slots[:aligned])
+    tokens = tuple(key[:aligned])
     time = state.clock + 1
     if not tokens:
         b.emit(Touch((ROOT,), time))
@@ -132,7 +145,12 @@ def plan_insert(b: Builder, key: Sequence[int], slots: Sequence[int],
         return InsertResult(position, parent)
     time += 1
     leaf = b.state.next_node_id
-    b.emit(Insert(parent, tokens[position:], values[position:], leaf, time, owner))
+    if pages is not None:
+        values = expand_pages(tuple(pages[position // size: aligned // size]), size)
+    else:
+        assert slots is not None, "plan_insert needs slots or pages"
+        values = tuple(slots[position:aligned])
+    b.emit(Insert(parent, tokens[position:], values, leaf, time, owner))
     return InsertResult(position, leaf)
 
 

@@ -29,6 +29,8 @@ from kvstate.rules.common import (
 )
 from kvstate.state import DETACHED, expand_pages
 
+_DETACHED_HOLD = (DETACHED,)
+
 
 @rule(Allocate)
 def allocate(s: Any, event: Allocate) -> None:
@@ -209,11 +211,17 @@ def _plan_write(s: Any, request_id: RequestId, start: int, slots: tuple[int, ...
         return None
     allocated = max(record.allocated, stop)
     first, last = start // size, (stop - 1) // size
-    written = [slots[max(index * size, start) - start] // size for index in range(first, last + 1)]
-    expected = expand_pages(written, size)[start - first * size: stop - first * size]
-    if expected != slots:
-        _explain_slots(slots, expected, start, size)
-    check_distinct(written, "page")
+    if size == 1:
+        written = list(slots)
+    else:  # the page of the first slot, then of each slot that starts a page
+        written = [slots[0] // size]
+        written += [slot // size for slot in slots[(first + 1) * size - start::size]]
+        expected = expand_pages(written, size)[start - first * size: stop - first * size]
+        if expected != tuple(slots):
+            _explain_slots(slots, expected, start, size)
+    kept = set(written)
+    if len(kept) != len(written):
+        check_distinct(written, "page")
     old_pages = record.pages
     dangling = record.dangling
     for index in {first, last}:  # a partly written page must stay the same page
@@ -224,30 +232,34 @@ def _plan_write(s: Any, request_id: RequestId, start: int, slots: tuple[int, ...
                 raise Reject(f"write splits page index {index} between pages "
                              f"{old_pages[index]} and {written[index - first]}")
     replaced = live_entries(old_pages, dangling, first, min(last + 1, len(old_pages)))
-    outside = set(live_entries(old_pages, dangling, 0, first))
-    outside.update(live_entries(old_pages, dangling, last + 1))
-    clash = outside.intersection(written)
-    if clash:
-        raise Reject(f"page {min(clash)} would appear twice in request {request_id!r}'s table")
-    before, kept = set(replaced), set(written)
+    before = set(replaced)
     holders, page_node = s.holders, s.page_node
-    gained = []
+    gained: list[int] = []
+    referenced: list[int] = []  # tree pages mapped without a hold: may not appear elsewhere
     for page in written:
-        if page in before or page in page_node:
+        if page in before:
             continue
-        held = holders.get(page, ())
-        if request_id in held:
-            continue
-        if held == (DETACHED,):
+        held = holders.get(page)
+        if held is not None and request_id in held:
+            # It holds the page, so its table maps it already, outside the written range.
+            raise Reject(f"page {page} would appear twice in request {request_id!r}'s table")
+        if page in page_node:
+            referenced.append(page)
+        elif held == _DETACHED_HOLD:
             gained.append(page)
         else:
             check_page_id(s, page)
             raise Reject(f"page {page} is not allocated to request {request_id!r}"
-                         f" (holders {list(held)})")
-    referenced = unheld_tree_pages(s, request_id, [p for p in written if p not in before])
-    unreferenced = unheld_tree_pages(s, request_id, [p for p in replaced if p not in kept])
+                         f" (holders {list(held or ())})")
+    if referenced:
+        outside = set(live_entries(old_pages, dangling, 0, first))
+        outside.update(live_entries(old_pages, dangling, last + 1))
+        clash = outside.intersection(referenced)
+        if clash:
+            raise Reject(f"page {min(clash)} would appear twice in request {request_id!r}'s table")
     released = [p for p in replaced if p not in kept]
-    new_dangling = tuple(i for i in dangling if not first <= i <= last)
+    unreferenced = unheld_tree_pages(s, request_id, released) if released else []
+    new_dangling = tuple(i for i in dangling if not first <= i <= last) if dangling else ()
     return _Write(first=first, last=last, written=written, allocated=allocated,
                   committed=min(record.committed, allocated), gained=gained, released=released,
                   referenced=referenced, unreferenced=unreferenced, dangling=new_dangling)
@@ -258,9 +270,11 @@ def _do_write(s: Any, request_id: RequestId, write: _Write) -> None:
     held = (request_id,)
     for page in write.gained:
         holders[page] = held
-    bump_counts(s.tree_refs, write.referenced, +1)
-    bump_counts(s.tree_refs, write.unreferenced, -1)
-    drop_holds(s, request_id, write.released)
+    if write.referenced:
+        bump_counts(s.tree_refs, write.referenced, +1)
+    if write.released:
+        bump_counts(s.tree_refs, write.unreferenced, -1)
+        drop_holds(s, request_id, write.released)
     record = s.request_w(request_id)
     record.pages[write.first: write.last + 1] = write.written
     record.allocated = write.allocated

@@ -38,7 +38,6 @@ import attrs
 from kvstate.engine import Engine
 from kvstate.events import Assign, Evict, Lock, ReqAlloc, Split
 from kvstate.planner.alloc import plan_extend
-from kvstate.planner.builder import Plan
 from kvstate.planner.requests import RequestCursor, plan_release
 from kvstate.planner.tree_ops import plan_match
 from kvstate.simulate.point import (
@@ -48,7 +47,7 @@ from kvstate.simulate.point import (
 )
 from kvstate.simulate.policies import VLLM_POLICY, EvictionPolicy, load_policy
 from kvstate.simulate.settings import SimulationResult, SimulationSettings
-from kvstate.state import ROOT, Geometry, RequestId, State
+from kvstate.state import ROOT, Geometry, RequestId
 from kvstate.traces.records import TraceRequest
 from kvstate.traces.tokens import full_block_tokens, partial_block_tokens, private_tokens
 
@@ -97,29 +96,32 @@ class TraceSimulator(PointSimulator):
         self.engine = Engine(Geometry(num_pages=self.pool_pages, page_size=page_size), keep_events=False)
         self.policy: EvictionPolicy = load_policy(settings.policy)
         self.page_size = page_size
+        self.engine.subscribe(self)
 
-    # -- engine helpers ------------------------------------------------------------------------
-    def _commit(self, plan: Plan[Any]) -> Any:
-        self.policy.observe(plan.events)
-        for event in plan.events:
-            if isinstance(event, Evict):
-                nodes = plan.base.nodes
-                self.counters.evicted += sum(len(nodes[n].pages) for n in event.nodes if n in nodes)
-        return self.engine.commit(plan)
+    # -- the engine listener: the policy observes every batch; evicted pages are counted ------
+    def before(self, event: Any, view: Any) -> None:
+        if type(event) is Evict:
+            nodes = view.nodes
+            self.counters.evicted += sum(len(nodes[n].pages) for n in event.nodes if n in nodes)
+
+    def discard(self, event: Any) -> None:  # the count above only follows applied events
+        if type(event) is Evict:  # pragma: no cover - the planner emits only valid evictions
+            raise RuntimeError("an eviction was refused after it was counted")
+
+    def after(self, events: Sequence[Any], view: Any) -> None:
+        self.policy.observe(events)
 
     def _apply(self, event: Any) -> None:
         self.engine.apply(event)
-        self.policy.observe((event,))
 
     def extend_to(self, request_id: RequestId, length: int) -> bool:
         """Grow a request's row to ``length`` units (evicting the deficit); False if it cannot."""
-        plan = plan_extend(
-            self.engine.state, [(request_id, length)], at_head=False, priority=self.policy.priority
-        )
-        if plan is None:
+        with self.engine.batch() as batch:
+            slots = plan_extend(batch, [(request_id, length)], at_head=False,
+                                priority=self.policy.priority)
+        if slots is None:
             return False
-        self._commit(plan)
-        state = self.engine.state
+        state = self.engine.view
         self.counters.peak = max(self.counters.peak, self.pool_pages - len(state.free_pages))
         return True
 
@@ -132,14 +134,14 @@ class TraceSimulator(PointSimulator):
         size = self.page_size
         position, node_id = 0, ROOT
         while position < len(key):
-            state: State = self.engine.state
+            state: Any = self.engine.view
             child = state.nodes[node_id].children.get(state.geometry.child_key(tuple(key[position:])))
             if child is None:
                 return
             while len(state.nodes[child].key) > size:
                 top = state.next_node_id
                 self._apply(Split(child, size, top, state.clock))
-                state = self.engine.state
+                state = self.engine.view
                 position += size
                 node_id = top
             position += len(state.nodes[child].key)
@@ -172,7 +174,8 @@ class TraceSimulator(PointSimulator):
         unless ``count_if_refused`` is False (a request that will retry).
         """
         key, weights, output_units = self._encode(request)
-        match = self._commit(plan_match(self.engine.state, key))
+        with self.engine.batch() as batch:
+            match = plan_match(batch, key)
         request_id = f"q{index}"
         self._apply(ReqAlloc((request_id,)))
         if match.last_node != ROOT:
@@ -196,7 +199,7 @@ class TraceSimulator(PointSimulator):
             not self.counters.filled
             and not active.measured
             and self.pool_pages == self.capacity_pages
-            and len(self.engine.state.free_pages) == 0
+            and len(self.engine.view.free_pages) == 0
         ):
             self.counters.filled = True
         self._release(active.cursor, active.full_key, active.prompt_units, owned, checkpoint=True)
@@ -219,17 +222,9 @@ class TraceSimulator(PointSimulator):
     def _release(
         self, cursor: RequestCursor, key: Sequence[int], prompt_len: int, owned: int, checkpoint: bool
     ) -> None:
-        self._commit(
-            plan_release(
-                self.engine.state,
-                cursor,
-                key,
-                prompt_len=prompt_len,
-                owned=owned,
-                checkpoint=checkpoint,
-                at_head=False,
-            )
-        )
+        with self.engine.batch() as batch:
+            plan_release(batch, cursor, key, prompt_len=prompt_len, owned=owned,
+                         checkpoint=checkpoint, at_head=False)
 
 
 def simulate(

@@ -47,7 +47,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvstate.events import Event
-from kvstate.events_block import BlockUncache
+from kvstate.events import BlockUncache
 from kvstate.simulate.driver import block_units
 from kvstate.simulate.point import (
     PointSimulator,
@@ -159,7 +159,7 @@ class VllmTraceSimulator(PointSimulator):
         self._warming = True
         self.engine.subscribe(self._count_evictions)
 
-    def _count_evictions(self, event: Event, state: State) -> None:
+    def _count_evictions(self, event: Event, state: Any) -> None:
         if type(event) is BlockUncache:
             self.counters.evicted += len(event.pages)  # type: ignore[attr-defined]
             if self._warming:
@@ -172,7 +172,7 @@ class VllmTraceSimulator(PointSimulator):
         nobody holds sits in the free queue yet still takes room.  A page held
         by several requests (a shared prefix under batching) counts once.
         """
-        state = self.engine.state
+        state = self.engine.view
         holders = state.holders
         page_node = state.page_node
         held_cached = sum(1 for page in holders if page in page_node)
