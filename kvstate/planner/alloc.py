@@ -11,7 +11,9 @@
 New pages come from the head of the free list, request by request.  The bare
 allocator flows never evict; ``plan_extend`` / ``plan_decode`` are the
 scheduler-level flows that evict exactly the deficit first and return
-``None`` (with no events) on a logical out-of-memory.
+``None`` (with no events) on a logical out-of-memory.  What they evict is the
+policy's choice: a ``priority`` for the planner's leaf order, or a policy's
+own ``victims`` (``kvstate.planner.policy``), which take precedence.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 
 from kvstate.events import Allocate, Append
 from kvstate.planner.builder import Plan, PlanBuilder
-from kvstate.planner.evict import Priority, lru_priority, plan_evict
+from kvstate.planner.evict import Priority, Victims, eviction_order, lru_priority, plan_evict_nodes
 from kvstate.state import RequestId, State
 
 
@@ -76,16 +78,23 @@ def decode_slots(
     return out
 
 
+def _selector(priority: Priority, victims: Victims | None) -> Victims:
+    """The policy's victims, or the planner's leaf order under ``priority``."""
+    if victims is not None:
+        return victims
+    return lambda state, num_tokens: eviction_order(state, num_tokens, priority)
+
+
 def _ensure_pages(
-    builder: PlanBuilder, pages_needed: int, at_head: bool, priority: Priority
+    builder: PlanBuilder, pages_needed: int, at_head: bool, select: Victims
 ) -> bool:
-    """Evict exactly the page deficit (in tokens); False if still short."""
+    """Evict exactly the page deficit (in tokens) as ``select`` chooses; False if still short."""
     available = len(builder.state.free_pages)
     if pages_needed <= available:
         return True
     size = builder.state.geometry.page_size
-    builder.extend(plan_evict(builder.state, (pages_needed - available) * size,
-                              at_head=at_head, priority=priority))
+    chosen = select(builder.state, (pages_needed - available) * size)
+    builder.extend(plan_evict_nodes(builder.state, chosen, at_head=at_head))
     return pages_needed <= len(builder.state.free_pages)
 
 
@@ -105,10 +114,12 @@ def plan_extend(
     at_head: bool,
     priority: Priority = lru_priority,
     commit: bool = True,
+    victims: Victims | None = None,
 ) -> Plan[list[list[int]]] | None:
     """Grow each request to ``seq_len`` from its mapped length (one batched Allocate).
 
-    Evicts only the page deficit; returns ``None`` when that cannot cover it.
+    Evicts only the page deficit (``victims`` if given, else leaves by
+    ``priority``); returns ``None`` when that cannot cover it.
     With ``commit`` the new tokens are also marked written (SGLang's extend).
     """
     size = state.geometry.page_size
@@ -120,7 +131,7 @@ def plan_extend(
         entries.append((prefix_len, seq_len, _last_loc(state, request_id)))
         pages_needed += new_pages_for_extend(size, prefix_len, seq_len)
     builder = PlanBuilder(state)
-    if not _ensure_pages(builder, pages_needed, at_head, priority):
+    if not _ensure_pages(builder, pages_needed, at_head, _selector(priority, victims)):
         return None
     fresh = builder.state.free_pages.head(pages_needed)
     slots = extend_slots(size, entries, fresh)
@@ -137,15 +148,19 @@ def plan_decode(
     *,
     at_head: bool,
     priority: Priority = lru_priority,
+    victims: Victims | None = None,
 ) -> Plan[list[int]] | None:
-    """One new token for each request: a batched Allocate plus Append (one decode step)."""
+    """One new token for each request: a batched Allocate plus Append (one decode step).
+
+    Evicts as ``plan_extend`` does.
+    """
     size = state.geometry.page_size
     requests = state.requests
     request_ids = [r if type(r) is str else int(r) for r in request_ids]
     lengths = [requests[r].allocated for r in request_ids]
     pages_needed = sum(1 for length in lengths if length % size == 0)
     builder = PlanBuilder(state)
-    if not _ensure_pages(builder, pages_needed, at_head, priority):
+    if not _ensure_pages(builder, pages_needed, at_head, _selector(priority, victims)):
         return None
     fresh = builder.state.free_pages.head(pages_needed)
     entries = [(length, _last_loc(state, r)) for r, length in zip(request_ids, lengths, strict=True)]

@@ -9,7 +9,7 @@ time.  Whole nodes are evicted, so the plan may overshoot ``num_tokens``.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvstate.events import Evict
@@ -17,6 +17,8 @@ from kvstate.planner.builder import Plan, PlanBuilder
 from kvstate.state import ROOT, State
 
 Priority = Callable[[State, int], Any]
+Victims = Callable[[State, int], Sequence[int]]
+"""A policy's choice: node ids to evict, in order, for ``num_tokens`` tokens (``planner.policy``)."""
 
 
 def lru_priority(state: State, node_id: int) -> tuple[int, int]:
@@ -85,10 +87,17 @@ def plan_evict(
     state: State, num_tokens: int, *, at_head: bool, priority: Priority = lru_priority
 ) -> Plan[int]:
     """Evict at least ``num_tokens`` tokens if possible; the result is the tokens evicted."""
-    builder = PlanBuilder(state)
     order = eviction_order(state, num_tokens, priority) if num_tokens > 0 else []
-    if not order:
+    return plan_evict_nodes(state, order, at_head=at_head)
+
+
+def plan_evict_nodes(state: State, nodes: Sequence[int], *, at_head: bool) -> Plan[int]:
+    """Evict exactly ``nodes``, in order (a policy's victims); the result is the tokens evicted.
+
+    The reducer rejects a node that is not evictable when its turn comes.
+    """
+    builder = PlanBuilder(state)
+    if not nodes:
         return builder.done(0)
-    evicted = sum(len(state.nodes[n].key) for n in order)
-    builder.emit(Evict(tuple(order), at_head))
-    return builder.done(evicted)
+    builder.emit(Evict(tuple(nodes), at_head))  # first: the reducer vets the nodes
+    return builder.done(sum(len(state.nodes[n].key) for n in nodes))

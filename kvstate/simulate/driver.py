@@ -114,7 +114,10 @@ class TraceSimulator(PointSimulator):
     def extend_to(self, request_id: RequestId, length: int) -> bool:
         """Grow a request's row to ``length`` units (evicting the deficit); False if it cannot."""
         plan = plan_extend(
-            self.engine.state, [(request_id, length)], at_head=False, priority=self.policy.priority
+            self.engine.state,
+            [(request_id, length)],
+            at_head=self.policy.at_head(self.engine.state),
+            victims=self.policy.victims,
         )
         if plan is None:
             return False
@@ -227,7 +230,7 @@ class TraceSimulator(PointSimulator):
                 prompt_len=prompt_len,
                 owned=owned,
                 checkpoint=checkpoint,
-                at_head=False,
+                at_head=self.policy.at_head(self.engine.state),
             )
         )
 
