@@ -201,6 +201,10 @@ def test_compare_reports_the_hit_rate_against_lru(tmp_path: Path,
     assert point["baseline_hit_rate_tokens"] == pytest.approx(1024 / (3 * 1024 + 3 * 512), abs=1e-6)
     assert main(argv) == 0
     assert "MostRecentFirst vs lru at 6 pages" in capsys.readouterr().out
+    # vLLM's pool as the baseline: B1's two blocks are still cached (lazily evicted) for B2
+    assert main([*argv[:4], "vllm", *argv[5:], "--json"]) == 0
+    (point,) = json.loads(capsys.readouterr().out)["compare"]
+    assert (point["baseline"], point["baseline_hit_rate_tokens"]) == ("vllm", pytest.approx(1024 / 4608))
 
 
 def test_compare_needs_a_trace(capsys: pytest.CaptureFixture[str]) -> None:

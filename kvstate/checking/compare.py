@@ -59,7 +59,7 @@ class ComparePoint:
 def compare_on_trace(policy: str, baseline: str, trace: str | Path,
                      capacities: Sequence[tuple[float, bool]] = (), *,
                      limit: int | None = None) -> list[ComparePoint]:
-    """Hit rates of ``policy`` and ``baseline`` (names for ``load_policy``) on ``trace``.
+    """Hit rates of ``policy`` and ``baseline`` (simulator policy names, ``vllm`` included) on ``trace``.
 
     ``capacities`` are ``(amount, in_pages)`` pairs as ``kvstate simulate``
     parses them; none means one point at a tenth of the trace's pages.  Block

@@ -28,6 +28,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvstate.planner.policy import PolicyError, load_policy
+from kvstate.simulate.policies import VLLM_POLICY
 
 if TYPE_CHECKING:
     from kvstate.checking.compare import ComparePoint
@@ -58,7 +59,8 @@ def register(subparsers: Any) -> None:
                         help="eviction policy to check: lru, fifo, lfu or module:Class "
                              "(planner-level scopes; the same names as simulate --policy)")
     parser.add_argument("--compare", metavar="NAME",
-                        help="also report --policy's hit rate against this policy on --trace")
+                        help="also report --policy's hit rate against this policy on --trace "
+                             "(a --policy name, or vllm: vLLM's free-queue LRU)")
     parser.add_argument("--trace", metavar="TRACE",
                         help="trace for --compare (any format kvstate simulate reads)")
     parser.add_argument("--capacity", action="append", metavar="CAP",
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{SCOPES[args.scope].level}-level")
     try:  # both names load before anything runs: a bad class is one line and exit 2
         policy = load_policy(args.policy) if args.policy else None
-        if args.compare is not None:
+        if args.compare not in (None, VLLM_POLICY):  # simulate's vLLM pool is a baseline too
             load_policy(args.compare)
     except PolicyError as error:
         return _usage(str(error))
