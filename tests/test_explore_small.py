@@ -17,6 +17,7 @@ from kvstate.checking import SCOPES, run_check
 from kvstate.checking.counterexample import read_log
 from kvstate.cli import main
 from kvstate import apply
+from kvstate.planner.policy import LeafPolicy
 from kvstate.state import initial_state
 
 PINNED = {  # scope: (unique states, edges)
@@ -98,7 +99,7 @@ def test_cli_exits_1_on_violation(capsys, share_twice, tmp_path):
 
 def test_policy_flag_loads_a_class(capsys, tmp_path):
     code = main(["check", "--scope", "planner", "--depth", "3", "--json",
-                 "--policy", "kvstate.checking.planner_level:Policy", "--log-dir", str(tmp_path)])
+                 "--policy", "kvstate.planner.policy:LeafLRU", "--log-dir", str(tmp_path)])
     out = json.loads(capsys.readouterr().out)
     assert out["violations"] == []
     assert code in (0, 1)  # depth 3 may miss probes; the policy itself loaded and ran
@@ -125,7 +126,7 @@ def test_planner_rejection_is_reported(monkeypatch, tmp_path):
     assert isinstance(report.violation.path[-1].events[-1], Free)
 
 
-class FifoPolicy:
+class FifoPolicy(LeafPolicy):
     """Evict the oldest node first, whatever its last access."""
 
     def priority(self, state, node_id):
@@ -148,7 +149,7 @@ def test_check_policy_reports_a_violation(monkeypatch, tmp_path):
     from kvstate.testing import PolicyViolation, check_policy
 
     monkeypatch.setattr(alloc, "_ensure_pages",
-                        lambda builder, needed, at_head, priority:
+                        lambda builder, needed, at_head, select:
                         needed <= len(builder.state.free_pages))
     with pytest.raises(PolicyViolation, match="no_false_oom"):
         check_policy(FifoPolicy(), "planner", log_dir=str(tmp_path))

@@ -6,7 +6,9 @@ event level (every legal fact event: policy-free safety) or the planner level
 ``specs.invariants`` plus agreement with the spec model ``specs.model``, and
 returns a ``Report``; on a violation it writes the shortest counterexample as
 a replayable msgpack log.  ``specs`` is the repository's top-level spec
-package; it must be importable (run from the repository root).
+package; it must be importable (run from the repository root).  A planner-level
+run takes an ``EvictionPolicy`` (``kvstate.planner.policy``) and checks it too
+(``planner_level``, ``policy_props``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import Any
 
 from kvstate.checking.explorer import Report, Violation, explore, random_walks
 from kvstate.checking.levels import EventLevel
-from kvstate.checking.planner_level import PlannerLevel, Policy
+from kvstate.checking.planner_level import PlannerLevel
 from kvstate.checking.scopes import SCOPES, Scope
 
-__all__ = ["SCOPES", "EventLevel", "PlannerLevel", "Policy", "Report", "Scope", "Violation",
+__all__ = ["SCOPES", "EventLevel", "PlannerLevel", "Report", "Scope", "Violation",
            "explore", "make_level", "random_walks", "run_check"]
 
 

@@ -19,12 +19,21 @@ Edge checks: every event a plan emits must be accepted by the rules
 (``planner_valid``) and agree with the spec model (``refines``) and every
 TRANSITIONS property; an allocation that reports out-of-memory while free
 pages plus evictable tree pages would cover it fails ``no_false_oom``.
-The eviction priority and free-list placement come from a ``Policy``.
+
+Eviction victims and free-list placement come from an ``EvictionPolicy``
+(``kvstate.planner.policy``; SGLang's LRU by default).  Every answer it gives
+is checked before the planner uses it (``policy_props``: ``victims_evictable``,
+``victims_enough``, ``victims_minimal``, and ``policy_deterministic``: each
+question is asked twice).  Each world carries its own copy of the policy,
+shown the events of every plan on its path (``observe``), as the simulator
+does; worlds are still identified by their state alone, so a policy that
+keeps history is checked with the first history that reaches each state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+from collections.abc import Iterator, Sequence
 from itertools import product
 from typing import Any
 
@@ -32,31 +41,18 @@ import attrs
 
 from kvstate import events as ev
 from kvstate.checking.levels import Step, check_refinement, edge_checks, geometry_of
+from kvstate.checking.policy_props import check_victims
 from kvstate.checking.scopes import Scope
 from kvstate.checking.views import planner_view
 from kvstate.errors import InvalidEvent
 from kvstate.planner.alloc import new_pages_for_extend, plan_decode, plan_extend
 from kvstate.planner.builder import Plan, PlanBuilder
-from kvstate.planner.evict import lru_priority, plan_evict
+from kvstate.planner.evict import Victims, plan_evict_nodes
+from kvstate.planner.policy import EvictionPolicy, LeafLRU, require_policy
 from kvstate.planner.requests import RequestCursor, plan_checkpoint, plan_release
 from kvstate.planner.tree_ops import plan_match
 from kvstate.backends.persistent import apply_valid as apply
 from kvstate.state import ROOT, State, initial_state, path_to_root
-
-
-class Policy:
-    """The default policy: SGLang's LRU eviction; frees at the head when pages are > 1 slot.
-
-    Subclass (or duck-type) it to check your own: ``priority(state, node_id)``
-    orders eviction candidates (smallest first), ``at_head(state)`` says where
-    freed pages go.
-    """
-
-    def priority(self, state: State, node_id: int) -> Any:
-        return lru_priority(state, node_id)
-
-    def at_head(self, state: State) -> bool:
-        return state.geometry.page_size > 1
 
 
 @attrs.frozen
@@ -75,6 +71,7 @@ class Cursor:
 class World:
     state: State
     cursors: tuple[Cursor, ...]  # sorted by row
+    policy: EvictionPolicy = attrs.field(eq=False)  # this world's own copy, with its path's history
 
 
 class _Failed(Exception):
@@ -91,16 +88,17 @@ def freeable_pages(state: State) -> int:
 
 
 class PlannerLevel:
-    def __init__(self, scope: Scope, policy: Any = None, *, check_model: bool = True) -> None:
+    def __init__(self, scope: Scope, policy: EvictionPolicy | None = None, *,
+                 check_model: bool = True) -> None:
         self.scope = scope
-        self.policy = Policy() if policy is None else policy
+        self.policy = LeafLRU() if policy is None else require_policy(policy)
         self.check_model = check_model
         self.geometry = geometry_of(scope)
         vocab = range(1, scope.vocab + 1)
         self.prompts = [p for n in scope.prompt_lengths for p in product(vocab, repeat=n)]
 
     def initial(self) -> World:
-        return World(initial_state(self.geometry), ())
+        return World(initial_state(self.geometry), (), copy.deepcopy(self.policy))
 
     def state(self, world: World) -> State:
         return world.state
@@ -170,9 +168,9 @@ class PlannerLevel:
                 continue
             if outcome is None:
                 continue  # a correct out-of-memory: nothing happens
-            plan, cursors = outcome
+            plan, cursors, policy = outcome
             violations = self._check_events(world.state, plan.events)
-            yield Step(label, plan.events, World(plan.state, cursors), tuple(violations))
+            yield Step(label, plan.events, World(plan.state, cursors, policy), tuple(violations))
 
     def _check_events(self, state: State, events: tuple[ev.Event, ...]) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -184,16 +182,45 @@ class PlannerLevel:
             state = after
         return out
 
-    def _run(self, world: World, command: tuple[Any, ...]) -> tuple[Plan[Any], tuple[Cursor, ...]] | None:
+    def _run(self, world: World, command: tuple[Any, ...]
+             ) -> tuple[Plan[Any], tuple[Cursor, ...], EvictionPolicy] | None:
         builder = PlanBuilder(world.state)
+        policy = copy.deepcopy(world.policy)  # siblings must not see each other's history
         try:
-            cursors = self._plan(builder, world, command)
+            cursors = self._plan(builder, world, command, policy)
         except InvalidEvent as exc:
             raise _Failed("planner_valid", f"the planner emitted a rejected event: {exc}",
                           tuple(builder.events) + (exc.event,)) from None
         if cursors is None:
             return None
-        return builder.done(None), tuple(sorted(cursors, key=lambda c: c.row))
+        plan = builder.done(None)
+        policy.observe(plan.events)
+        return plan, tuple(sorted(cursors, key=lambda c: c.row)), policy
+
+    # -- asking the policy: every answer is checked before the planner uses it ----------
+    def _at_head(self, policy: EvictionPolicy, builder: PlanBuilder) -> bool:
+        first, second = policy.at_head(builder.state), policy.at_head(builder.state)
+        if first != second:
+            raise _Failed("policy_deterministic", f"at_head(state) answered {first!r}, then "
+                                                  f"{second!r} on the same state",
+                          tuple(builder.events))
+        return bool(first)
+
+    def _victims(self, policy: EvictionPolicy, builder: PlanBuilder) -> Victims:
+        """``policy.victims`` for the planner; a broken rule stops the step with its name."""
+        def select(state: State, num_tokens: int) -> Sequence[int]:
+            first = list(policy.victims(state, num_tokens))
+            second = list(policy.victims(state, num_tokens))
+            if first != second:
+                raise _Failed("policy_deterministic",
+                              f"victims(state, {num_tokens}) answered {first}, then {second} "
+                              "on the same state", tuple(builder.events))
+            problem = check_victims(state, num_tokens, first)
+            if problem is not None:
+                raise _Failed(problem[0], problem[1], tuple(builder.events))
+            return first
+
+        return select
 
     def _oom(self, builder: PlanBuilder, needed: int, what: str) -> None:
         freeable = freeable_pages(builder.state)
@@ -202,10 +229,12 @@ class PlannerLevel:
                                           f"while {freeable} could be made free",
                           tuple(builder.events))
 
-    def _plan(self, builder: PlanBuilder, world: World, command: tuple[Any, ...]) -> list[Cursor] | None:
-        policy, size = self.policy, self.geometry.page_size
+    def _plan(self, builder: PlanBuilder, world: World, command: tuple[Any, ...],
+              policy: EvictionPolicy) -> list[Cursor] | None:
+        size = self.geometry.page_size
         state = world.state
-        at_head = policy.at_head(state)
+        at_head = self._at_head(policy, builder)
+        victims = self._victims(policy, builder)
         others = [c for c in world.cursors if len(command) < 2 or c is not command[1]]
         kind = command[0]
         if kind == "admit":
@@ -217,8 +246,7 @@ class PlannerLevel:
                 builder.emit(ev.Lock(matched.last_node))
             if matched.length:
                 builder.emit(ev.Assign(row, 0, matched.slots))
-            slots = plan_extend(builder, [(row, len(prompt))], at_head=at_head,
-                                priority=policy.priority)
+            slots = plan_extend(builder, [(row, len(prompt))], at_head=at_head, victims=victims)
             if slots is None:
                 self._oom(builder, new_pages_for_extend(size, matched.length, len(prompt)), "admit")
                 return None
@@ -229,8 +257,7 @@ class PlannerLevel:
             length = len(cursor.tokens) + size
             if length > self.geometry.row_width:
                 return None
-            slots = plan_extend(builder, [(cursor.row, length)], at_head=at_head,
-                                priority=policy.priority)
+            slots = plan_extend(builder, [(cursor.row, length)], at_head=at_head, victims=victims)
             if slots is None:
                 self._oom(builder, new_pages_for_extend(size, len(cursor.tokens), length), "extend")
                 return None
@@ -239,7 +266,7 @@ class PlannerLevel:
             cursor, token = command[1], command[2]
             if len(cursor.tokens) >= self.geometry.row_width:
                 return None
-            decode = plan_decode(builder, [cursor.row], at_head=at_head, priority=policy.priority)
+            decode = plan_decode(builder, [cursor.row], at_head=at_head, victims=victims)
             if decode is None:
                 needed = 1 if state.requests[cursor.row].allocated % size == 0 else 0
                 self._oom(builder, needed, "decode")
@@ -258,7 +285,7 @@ class PlannerLevel:
                          owned=len(cursor.tokens), checkpoint=kind == "finish", at_head=at_head)
             return others
         if kind == "evict":
-            if not plan_evict(builder, size, at_head=at_head, priority=policy.priority):
+            if not plan_evict_nodes(builder, victims(state, size), at_head=at_head):
                 return None
             return list(world.cursors)
         raise ValueError(f"unknown command {kind!r}")

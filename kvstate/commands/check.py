@@ -3,20 +3,35 @@
     kvstate check --list-scopes
     kvstate check --scope tiny [--json]
     kvstate check --scope planner --policy mypkg.policies:MyPolicy
+    kvstate check --policy mypkg.policies:MyPolicy --compare lru --trace TRACE [--capacity CAP]
     kvstate check --scope core6 --walks 200 --walk-depth 40 --seed 7
 
+``--policy`` takes the names ``kvstate simulate --policy`` takes (``lru``,
+``fifo``, ``lfu`` or ``module:Class``, imported from the current directory),
+loaded by the one loader ``kvstate.planner.policy.load_policy``.  At a
+planner-level scope the policy's answers are checked too (``victims_evictable``,
+``victims_enough``, ``victims_minimal``, ``policy_deterministic``).
+``--compare`` runs the policy and the named one through the simulator on
+``--trace`` and prints both hit rates (``kvstate.checking.compare``).
+
 Exits 0 when no property is violated and every SOMETIMES probe was hit, 1
-otherwise (a violation also writes its counterexample under ``--log-dir``).
+otherwise (a violation also writes its counterexample under ``--log-dir``),
+2 on a usage error, including a policy that cannot be loaded.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import pathlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from kvstate.planner.policy import PolicyError, load_policy
+from kvstate.simulate.policies import VLLM_POLICY
+
+if TYPE_CHECKING:
+    from kvstate.checking.compare import ComparePoint
 
 
 def _ensure_specs_importable() -> None:
@@ -31,16 +46,6 @@ def _ensure_specs_importable() -> None:
             sys.path.insert(0, str(root))
 
 
-def load_policy(spec: str) -> Any:
-    """Instantiate ``module:Class`` (no arguments)."""
-    module_name, _, class_name = spec.partition(":")
-    if not module_name or not class_name:
-        raise ValueError(f"--policy must look like module:Class, got {spec!r}")
-    sys.path.insert(0, str(pathlib.Path.cwd()))
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls()
-
-
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "check", help="model-check the core in a bounded scope",
@@ -50,7 +55,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--scope", help="scope name (see --list-scopes)")
     parser.add_argument("--list-scopes", action="store_true", help="list the scopes and exit")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--policy", help="planner-level policy to check, as module:Class")
+    parser.add_argument("--policy", metavar="NAME",
+                        help="eviction policy to check: lru, fifo, lfu or module:Class "
+                             "(planner-level scopes; the same names as simulate --policy)")
+    parser.add_argument("--compare", metavar="NAME",
+                        help="also report --policy's hit rate against this policy on --trace "
+                             "(a --policy name, or vllm: vLLM's free-queue LRU)")
+    parser.add_argument("--trace", metavar="TRACE",
+                        help="trace for --compare (any format kvstate simulate reads)")
+    parser.add_argument("--capacity", action="append", metavar="CAP",
+                        help="--compare capacities, as simulate --capacity (default: a tenth "
+                             "of the pages the trace would occupy)")
+    parser.add_argument("--limit", type=int, metavar="N",
+                        help="--compare: use only the first N requests of the trace")
     parser.add_argument("--depth", type=int, help="depth bound (default: the scope's)")
     parser.add_argument("--max-states", type=int, help="stop after this many unique states")
     parser.add_argument("--walks", type=int, default=0, help="random walks instead of BFS")
@@ -78,16 +95,37 @@ def run(args: argparse.Namespace) -> int:
                   f"rows={scope.num_rows} vocab={scope.vocab} depth={scope.max_depth}  "
                   f"{scope.description}")
         return 0
-    if not args.scope:
-        print("kvstate check: --scope NAME is required (or --list-scopes)", file=sys.stderr)
-        return 2
-    if args.scope not in SCOPES:
-        print(f"kvstate check: unknown scope {args.scope!r}; try --list-scopes", file=sys.stderr)
-        return 2
+    if (args.compare is None) != (args.trace is None):
+        return _usage("--compare and --trace go together")
+    if not args.scope and args.compare is None:
+        return _usage("--scope NAME is required (or --list-scopes, or --compare with --trace)")
+    if args.scope and args.scope not in SCOPES:
+        return _usage(f"unknown scope {args.scope!r}; try --list-scopes")
     if args.workers < 1:
-        print("kvstate check: --workers must be >= 1", file=sys.stderr)
-        return 2
-    policy = load_policy(args.policy) if args.policy else None
+        return _usage("--workers must be >= 1")
+    if args.scope and args.policy and SCOPES[args.scope].level != "planner":
+        return _usage(f"--policy applies to planner-level scopes; {args.scope!r} is "
+                      f"{SCOPES[args.scope].level}-level")
+    try:  # both names load before anything runs: a bad class is one line and exit 2
+        policy = load_policy(args.policy) if args.policy else None
+        if args.compare not in (None, VLLM_POLICY):  # simulate's vLLM pool is a baseline too
+            load_policy(args.compare)
+    except PolicyError as error:
+        return _usage(str(error))
+    compared: list[dict[str, Any]] = []
+    if args.compare is not None:
+        try:
+            points = _compare(args)
+        except (ValueError, OSError) as error:  # a bad capacity or trace file
+            return _usage(str(error))
+        compared = [point.as_json() for point in points]
+        if not args.json:
+            for point in points:
+                print(point.line())
+    if not args.scope:
+        if args.json:
+            print(json.dumps({"compare": compared}))
+        return 0
     report = run_check(args.scope, policy=policy, max_depth=args.depth,
                        state_limit=args.max_states, walks=args.walks,
                        walk_depth=args.walk_depth, seed=args.seed,
@@ -95,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                        symmetry=False if args.no_symmetry else None, log_dir=args.log_dir,
                        workers=args.workers)
     if args.json:
-        print(json.dumps(report.as_json()))
+        print(json.dumps({**report.as_json(), **({"compare": compared} if compared else {})}))
     else:
         print(f"scope {report.scope} ({report.level} level, {report.mode}): "
               f"{report.unique_states} unique states, {report.edges} edges, depth "
@@ -108,3 +146,21 @@ def run(args: argparse.Namespace) -> int:
             if report.log_path:
                 print(f"counterexample log: {report.log_path}")
     return 0 if report.ok else 1
+
+
+def _usage(message: str) -> int:
+    print(f"kvstate check: {message}", file=sys.stderr)
+    return 2
+
+
+def _compare(args: argparse.Namespace) -> list[ComparePoint]:
+    """``--compare``: the policy and the named baseline on ``--trace`` (``checking.compare``)."""
+    from kvstate.checking.compare import compare_on_trace
+    from kvstate.commands.simulate import parse_capacity
+
+    capacities = [parse_capacity(part) for value in args.capacity or []
+                  for part in value.split(",") if part.strip()]
+    if not pathlib.Path(args.trace).exists():
+        raise ValueError(f"no such trace: {args.trace}")
+    return compare_on_trace(args.policy or "lru", args.compare, args.trace, capacities,
+                            limit=args.limit)

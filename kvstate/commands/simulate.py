@@ -81,7 +81,8 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="NAME",
         help="lru (default: leaf LRU, SGLang), vllm (vLLM free-queue LRU), fifo, lfu or "
-        "module:Class; comma list or repeat",
+        "module:Class (an EvictionPolicy, imported from the current directory, as check --policy); "
+        "comma list or repeat",
     )
     parser.add_argument(
         "--warmup",

@@ -11,7 +11,9 @@
 New pages come from the head of the free list, request by request.  The bare
 allocator flows never evict; ``plan_extend`` / ``plan_decode`` are the
 scheduler-level flows that evict exactly the deficit first and return
-``None`` (with no events) on a logical out-of-memory.
+``None`` (with no events) on a logical out-of-memory.  What they evict is the
+policy's choice: a ``priority`` for the planner's leaf order, or a policy's
+own ``victims`` (``kvstate.planner.policy``), which take precedence.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from kvstate.events import Allocate, Append, Evict
 from kvstate.planner.builder import Builder
-from kvstate.planner.evict import Priority, eviction_order, freed_pages, lru_priority
+from kvstate.planner.evict import Priority, Victims, eviction_order, freed_pages, lru_priority
 from kvstate.state import RequestId
 
 
@@ -77,16 +79,23 @@ def decode_slots(
     return out
 
 
-def _ensure_pages(b: Builder, pages_needed: int, at_head: bool, priority: Priority) -> bool:
-    """Evict exactly the page deficit (in tokens) when that covers it; False (and no
-    event) when even eviction cannot."""
+def _selector(priority: Priority, victims: Victims | None) -> Victims:
+    """The policy's victims, or the planner's leaf order under ``priority``."""
+    if victims is not None:
+        return victims
+    return lambda state, num_tokens: eviction_order(state, num_tokens, priority)
+
+
+def _ensure_pages(b: Builder, pages_needed: int, at_head: bool, select: Victims) -> bool:
+    """Evict exactly the page deficit (in tokens), as ``select`` chooses, when that covers
+    it; False (and no event) when even eviction cannot."""
     state = b.state
     available = len(state.free_pages)
     if pages_needed <= available:
         return True
     size = state.geometry.page_size
-    order = eviction_order(state, (pages_needed - available) * size, priority)
-    if available + freed_pages(state, order) < pages_needed:
+    order = list(select(state, (pages_needed - available) * size))
+    if not order or available + freed_pages(state, order) < pages_needed:
         return False
     b.emit(Evict(tuple(order), at_head))
     return True
@@ -109,11 +118,13 @@ def plan_extend(
     at_head: bool,
     priority: Priority = lru_priority,
     commit: bool = True,
+    victims: Victims | None = None,
 ) -> list[list[int]] | None:
     """Grow each request to ``seq_len`` from its mapped length (one batched ``Allocate``).
 
-    Evicts only the page deficit first (``Evict``); returns ``None``, emitting
-    nothing, when that cannot cover it.  With ``commit`` the new tokens are
+    Evicts only the page deficit first (``Evict``: ``victims`` if given, else
+    leaves by ``priority``); returns ``None``, emitting nothing, when that
+    cannot cover it.  With ``commit`` the new tokens are
     also marked written (``Append``, SGLang's extend).
     """
     state = b.state
@@ -125,7 +136,7 @@ def plan_extend(
         prefix_len = state.requests[request_id].allocated
         entries.append((prefix_len, seq_len, last_loc(state, request_id)))
         pages_needed += new_pages_for_extend(size, prefix_len, seq_len)
-    if not _ensure_pages(b, pages_needed, at_head, priority):
+    if not _ensure_pages(b, pages_needed, at_head, _selector(priority, victims)):
         return None
     fresh = b.state.free_pages.head(pages_needed)
     slots = extend_slots(size, entries, fresh)
@@ -142,16 +153,18 @@ def plan_decode(
     *,
     at_head: bool,
     priority: Priority = lru_priority,
+    victims: Victims | None = None,
 ) -> list[int] | None:
     """One new token for each request: a batched ``Allocate`` plus ``Append`` (one decode
-    step), after an ``Evict`` of the deficit; ``None`` (no event) when it cannot fit."""
+    step), after an ``Evict`` of the deficit (as ``plan_extend`` chooses it); ``None``
+    (no event) when it cannot fit."""
     state = b.state
     size = state.geometry.page_size
     requests = state.requests
     request_ids = [r if type(r) is str else int(r) for r in request_ids]
     lengths = [requests[r].allocated for r in request_ids]
     pages_needed = sum(1 for length in lengths if length % size == 0)
-    if not _ensure_pages(b, pages_needed, at_head, priority):
+    if not _ensure_pages(b, pages_needed, at_head, _selector(priority, victims)):
         return None
     fresh = b.state.free_pages.head(pages_needed)
     entries = [(length, last_loc(state, r)) for r, length in zip(request_ids, lengths, strict=True)]

@@ -9,7 +9,7 @@ time.  Whole nodes are evicted, so a plan may overshoot ``num_tokens``.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvstate.events import Evict
@@ -17,6 +17,8 @@ from kvstate.planner.builder import Builder
 from kvstate.state import ROOT
 
 Priority = Callable[[Any, int], Any]
+Victims = Callable[[Any, int], Sequence[int]]
+"""A policy's choice: node ids to evict, in order, for ``num_tokens`` tokens (``planner.policy``)."""
 
 
 def lru_priority(state: Any, node_id: int) -> tuple[int, int]:
@@ -78,10 +80,19 @@ def freed_pages(state: Any, order: list[int]) -> int:
 def plan_evict(b: Builder, num_tokens: int, *, at_head: bool,
                priority: Priority = lru_priority) -> int:
     """Evict at least ``num_tokens`` tokens if possible; the tokens evicted.  Emits ``Evict``."""
-    state = b.state
-    order = eviction_order(state, num_tokens, priority) if num_tokens > 0 else []
-    if not order:
+    order = eviction_order(b.state, num_tokens, priority) if num_tokens > 0 else []
+    return plan_evict_nodes(b, order, at_head=at_head)
+
+
+def plan_evict_nodes(b: Builder, nodes: Sequence[int], *, at_head: bool) -> int:
+    """Evict exactly ``nodes``, in order (a policy's victims); the tokens evicted.
+
+    Emits one ``Evict`` (nothing for no nodes); the rules refuse a node that
+    is not evictable when its turn comes.
+    """
+    if not nodes:
         return 0
-    evicted = sum(len(state.nodes[n].key) for n in order)
-    b.emit(Evict(tuple(order), at_head))
+    state = b.state
+    evicted = sum(len(state.nodes[n].key) for n in nodes if n in state.nodes)
+    b.emit(Evict(tuple(nodes), at_head))
     return evicted

@@ -117,8 +117,9 @@ class TraceSimulator(PointSimulator):
     def extend_to(self, request_id: RequestId, length: int) -> bool:
         """Grow a request's row to ``length`` units (evicting the deficit); False if it cannot."""
         with self.engine.batch() as batch:
-            slots = plan_extend(batch, [(request_id, length)], at_head=False,
-                                priority=self.policy.priority)
+            slots = plan_extend(batch, [(request_id, length)],
+                                at_head=self.policy.at_head(batch.state),
+                                victims=self.policy.victims)
         if slots is None:
             return False
         state = self.engine.view
@@ -224,7 +225,7 @@ class TraceSimulator(PointSimulator):
     ) -> None:
         with self.engine.batch() as batch:
             plan_release(batch, cursor, key, prompt_len=prompt_len, owned=owned,
-                         checkpoint=checkpoint, at_head=False)
+                         checkpoint=checkpoint, at_head=self.policy.at_head(batch.state))
 
 
 def simulate(

@@ -5,8 +5,12 @@
 * ``SpecMachine``: a hypothesis ``RuleBasedStateMachine`` that drives the
   reducer (or your override of ``apply_event``) and the spec model side by side.
 * ``check_policy(policy, scope)``: explore a planner-level scope with your
-  eviction/placement policy against the spec; raises ``PolicyViolation`` with
-  the shortest counterexample, or returns the ``Report``.
+  ``EvictionPolicy`` (``kvstate.planner.policy``) against the spec and the
+  policy rules (``victims_evictable``, ``victims_enough``, ``victims_minimal``,
+  ``policy_deterministic``); raises ``PolicyViolation`` with the shortest
+  counterexample, or returns the ``Report``.
+* ``example_policies``: policies that break each rule, and safe ones that
+  merely cache worse (``kvstate check --compare`` shows those).
 
 These need the repository's ``specs`` package on the import path.
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvstate.checking import SCOPES, Report, Scope, run_check
-from kvstate.checking.planner_level import Policy
+from kvstate.planner.policy import EvictionPolicy, LeafPolicy, load_policy, require_policy
 from kvstate.testing.strategies import (
     MachineScope,
     boundary_lengths,
@@ -27,15 +31,23 @@ from kvstate.testing.strategies import (
 
 
 class PolicyViolation(AssertionError):
+    """A policy (or the planner with it) broke a property; ``report.violation`` names it."""
+
     def __init__(self, report: Report, text: str) -> None:
         super().__init__(text)
         self.report = report
 
 
-def check_policy(policy: Any, scope: Scope | str = "planner", *, max_depth: int | None = None,
-                 log_dir: str | None = "replay/failures") -> Report:
-    """Explore ``scope`` (a planner-level scope) with ``policy``; raise on any violation."""
+def check_policy(policy: EvictionPolicy | str, scope: Scope | str = "planner", *,
+                 max_depth: int | None = None, log_dir: str | None = "replay/failures") -> Report:
+    """Explore ``scope`` (a planner-level scope) with ``policy``; raise on any violation.
+
+    ``policy`` is a policy object or a name for ``load_policy`` (``lru``,
+    ``module:Class``); one without the protocol raises ``PolicyError``.
+    """
     from kvstate.checking.counterexample import format_violation
+
+    policy = load_policy(policy) if isinstance(policy, str) else require_policy(policy)
 
     resolved = SCOPES[scope] if isinstance(scope, str) else scope
     if resolved.level != "planner":
@@ -56,5 +68,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-__all__ = ["MachineScope", "Policy", "PolicyViolation", "SpecMachine", "boundary_lengths",
-           "check_policy", "machine_scopes", "token_sequences", "workloads"]
+__all__ = ["EvictionPolicy", "LeafPolicy", "MachineScope", "PolicyViolation", "SpecMachine",
+           "boundary_lengths", "check_policy", "machine_scopes", "token_sequences", "workloads"]
