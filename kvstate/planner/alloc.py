@@ -161,15 +161,26 @@ def plan_decode(
     state = b.state
     size = state.geometry.page_size
     requests = state.requests
-    request_ids = [r if type(r) is str else int(r) for r in request_ids]
-    lengths = [requests[r].allocated for r in request_ids]
-    pages_needed = sum(1 for length in lengths if length % size == 0)
+    request_ids = [r if type(r) is int or type(r) is str else int(r) for r in request_ids]
+    records = [requests[r] for r in request_ids]
+    pages_needed = sum(1 for record in records if record.allocated % size == 0)
     if not _ensure_pages(b, pages_needed, at_head, _selector(priority, victims)):
         return None
-    fresh = b.state.free_pages.head(pages_needed)
-    entries = [(length, last_loc(state, r)) for r, length in zip(request_ids, lengths, strict=True)]
-    slots = decode_slots(size, entries, fresh)
-    b.emit(Allocate(tuple(fresh), tuple(
-        (r, (s,)) for r, s in zip(request_ids, slots, strict=True))))
-    b.emit(Append(tuple((r, n + 1) for r, n in zip(request_ids, lengths, strict=True))))
-    return slots
+    fresh = iter(b.state.free_pages.head(pages_needed))
+    pages: list[int] = []
+    items = []
+    appends = []
+    for request_id, record in zip(request_ids, records, strict=True):
+        length = record.allocated
+        offset = length % size
+        if offset:  # the next slot of its partial page
+            slot = record.pages[length // size] * size + offset
+        else:
+            page = next(fresh)
+            pages.append(page)
+            slot = page * size
+        items.append((request_id, (slot,)))
+        appends.append((request_id, length + 1))
+    b.emit(Allocate(tuple(pages), tuple(items)))
+    b.emit(Append(tuple(appends)))
+    return [slot for _, (slot,) in items]

@@ -12,10 +12,9 @@ Here those mutations are events, emitted in this order::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
-
-from typing import Any
 
 from kvstate.events import Insert, Split, Touch
 from kvstate.planner.builder import Builder

@@ -46,24 +46,26 @@ def bump_counts(counts: Any, pages: Iterable[int], delta: int) -> None:
             del counts[page]
 
 
-def unheld_tree_pages(s: Any, request_id: RequestId, pages: Iterable[int]) -> list[int]:
-    """Those of ``pages`` that are tree pages ``request_id`` maps without holding."""
-    page_node, holders = s.page_node, s.holders
-    return [p for p in pages if p in page_node and request_id not in holders.get(p, ())]
+def release_pages(s: Any, request_id: RequestId, pages: Iterable[int]) -> None:
+    """A request stops mapping ``pages`` (live, distinct entries): one pass over them.
 
-
-def drop_holds(s: Any, request_id: RequestId, pages: Iterable[int]) -> None:
-    """Drop ``request_id``'s hold on ``pages`` in place.
-
-    A page left with no holder becomes DETACHED unless the tree holds it; pages
-    the request maps but does not hold (tree pages, dangling entries) are skipped.
+    A tree page it mapped without holding loses one unheld reference
+    (``tree_refs``); a page it held loses the hold, and a page left with no
+    holder becomes DETACHED unless the tree holds it.
     """
-    holders, page_node = s.holders, s.page_node
+    holders, page_node, tree_refs = s.holders, s.page_node, s.tree_refs
+    detached = (DETACHED,)
     for page in pages:
         held = holders.get(page)
         if held is None or request_id not in held:
+            if page in page_node:  # an unheld tree reference
+                count = tree_refs[page] - 1
+                if count:
+                    tree_refs[page] = count
+                else:
+                    del tree_refs[page]
             continue
-        if len(held) > 1:  # the usual single holder needs no new tuple
+        if len(held) > 1:
             rest = tuple(h for h in held if h != request_id)
             if rest:
                 holders[page] = rest
@@ -71,7 +73,7 @@ def drop_holds(s: Any, request_id: RequestId, pages: Iterable[int]) -> None:
         if page in page_node:
             del holders[page]
         else:
-            holders[page] = (DETACHED,)
+            holders[page] = detached
 
 
 def live_entries(pages: Sequence[int], dangling: Sequence[int], start: int = 0,

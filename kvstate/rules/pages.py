@@ -23,9 +23,8 @@ from kvstate.rules.common import (
     check_distinct,
     check_page_id,
     check_request,
-    drop_holds,
     live_entries,
-    unheld_tree_pages,
+    release_pages,
 )
 from kvstate.state import DETACHED, expand_pages
 
@@ -49,7 +48,9 @@ def allocate(s: Any, event: Allocate) -> None:
         if s.touched is not None:
             s.touched.pages.update(pages)
         return
-    plan = _plan_items(s, event)
+    plan = _plan_one_each(s, event)
+    if plan is None:  # a request with several items: check them in sequence
+        plan = _plan_items(s, event)
     s.free_pages = queue.take(pages)
     touched = s.touched
     for request_id, new_pages, allocated in plan:
@@ -66,13 +67,61 @@ def allocate(s: Any, event: Allocate) -> None:
         touched.pages.update(pages)
 
 
-def _plan_items(s: Any, event: Allocate) -> list[tuple[RequestId, list[int], int]]:
-    """Check every item against the state as it would be item by item (reads only)."""
+def _plan_one_each(s: Any, event: Allocate) -> list[tuple[RequestId, Any, int]] | None:
+    """``_plan_items`` for the usual batch (each request once; one-slot items inline, as a
+    decode step has); ``None`` when a request has several items."""
     size = s.geometry.page_size
     width = s.geometry.row_width
     requests = s.requests
     fresh = set(event.pages)
     used: set[int] = set()
+    seen: set[RequestId] = set()
+    plan: list[tuple[RequestId, Any, int]] = []
+    for request_id, slots in event.items:
+        if request_id in seen:
+            return None
+        seen.add(request_id)
+        record = requests.get(request_id)
+        if record is None:
+            raise Reject(f"unknown request {request_id!r}")
+        if len(slots) != 1:
+            if slots:
+                plan.extend(_plan_items(s, Allocate((), ((request_id, slots),)), fresh, used))
+            continue
+        position = record.allocated
+        if position >= width:
+            raise Reject(f"request {request_id!r} would map {position + 1} tokens,"
+                         f" past the row width {width}")
+        slot = slots[0]
+        offset = position % size
+        if offset:  # continues the request's own partial page
+            partial = _own_partial_page(s, request_id, record, position)
+            if slot != partial * size + offset:
+                _explain_slots(slots, (partial * size + offset,), position, size)
+            plan.append((request_id, (), position + 1))
+            continue
+        page = slot // size
+        if slot % size:
+            _explain_slots(slots, (page * size,), position, size)
+        if page not in fresh or page in used:
+            raise Reject(f"page {page} must be newly allocated in this event "
+                         "(once) to start a page")
+        used.add(page)
+        plan.append((request_id, (page,), position + 1))
+    if used != fresh:
+        raise Reject(f"pages {sorted(fresh - used)} were allocated but mapped by no item")
+    return plan
+
+
+def _plan_items(s: Any, event: Allocate, fresh: set[int] | None = None,
+                used: set[int] | None = None) -> list[tuple[RequestId, list[int], int]]:
+    """Check every item against the state as it would be item by item (reads only)."""
+    size = s.geometry.page_size
+    width = s.geometry.row_width
+    requests = s.requests
+    whole = fresh is None  # False: one item checked for _plan_one_each, sharing its page sets
+    fresh = set(event.pages) if fresh is None else fresh
+    used = set() if used is None else used
     lengths: dict[RequestId, int] = {}  # an item may follow another of the same request
     opened: dict[RequestId, int] = {}  # the last page an earlier item opened, per request
     plan: list[tuple[RequestId, list[int], int]] = []
@@ -117,7 +166,7 @@ def _plan_items(s: Any, event: Allocate) -> list[tuple[RequestId, list[int], int
         lengths[request_id] = position + count
         if new_pages:
             opened[request_id] = new_pages[-1]
-    if used != fresh:
+    if whole and used != fresh:
         raise Reject(f"pages {sorted(fresh - used)} were allocated but mapped by no item")
     return plan
 
@@ -192,7 +241,7 @@ class _Write:
     """A checked table write: what changes, computed before anything is written."""
 
     __slots__ = ("first", "last", "written", "allocated", "committed", "gained", "released",
-                 "referenced", "unreferenced", "dangling")
+                 "referenced", "dangling")
 
     def __init__(self, **values: Any) -> None:
         for name, value in values.items():
@@ -258,11 +307,10 @@ def _plan_write(s: Any, request_id: RequestId, start: int, slots: tuple[int, ...
         if clash:
             raise Reject(f"page {min(clash)} would appear twice in request {request_id!r}'s table")
     released = [p for p in replaced if p not in kept]
-    unreferenced = unheld_tree_pages(s, request_id, released) if released else []
     new_dangling = tuple(i for i in dangling if not first <= i <= last) if dangling else ()
     return _Write(first=first, last=last, written=written, allocated=allocated,
                   committed=min(record.committed, allocated), gained=gained, released=released,
-                  referenced=referenced, unreferenced=unreferenced, dangling=new_dangling)
+                  referenced=referenced, dangling=new_dangling)
 
 
 def _do_write(s: Any, request_id: RequestId, write: _Write) -> None:
@@ -273,8 +321,7 @@ def _do_write(s: Any, request_id: RequestId, write: _Write) -> None:
     if write.referenced:
         bump_counts(s.tree_refs, write.referenced, +1)
     if write.released:
-        bump_counts(s.tree_refs, write.unreferenced, -1)
-        drop_holds(s, request_id, write.released)
+        release_pages(s, request_id, write.released)
     record = s.request_w(request_id)
     record.pages[write.first: write.last + 1] = write.written
     record.allocated = write.allocated
@@ -295,8 +342,7 @@ def truncate(s: Any, event: Truncate) -> None:
     keep = -(-event.length // s.geometry.page_size)
     kept = set(live_entries(record.pages, record.dangling, 0, keep))
     dropped = [p for p in live_entries(record.pages, record.dangling, keep) if p not in kept]
-    bump_counts(s.tree_refs, unheld_tree_pages(s, event.request, dropped), -1)
-    drop_holds(s, event.request, dropped)
+    release_pages(s, event.request, dropped)
     record = s.request_w(event.request)
     del record.pages[keep:]
     record.allocated = event.length

@@ -13,14 +13,7 @@ from typing import Any
 from kvstate.events import ReqAlloc, ReqFree, Reset
 from kvstate.records import MNode, RequestId
 from kvstate.rules import Reject, rule
-from kvstate.rules.common import (
-    bump_counts,
-    check_distinct,
-    check_request,
-    drop_holds,
-    live_entries,
-    unheld_tree_pages,
-)
+from kvstate.rules.common import check_distinct, check_request, live_entries, release_pages
 from kvstate.state import ROOT
 
 
@@ -66,8 +59,7 @@ def _close(s: Any, request_ids: tuple[RequestId, ...] | list[RequestId]) -> None
     for request_id in request_ids:
         record = s.requests[request_id]
         table = live_entries(record.pages, record.dangling)
-        bump_counts(s.tree_refs, unheld_tree_pages(s, request_id, table), -1)
-        drop_holds(s, request_id, table)
+        release_pages(s, request_id, table)
         s.close_request(request_id)
         if touched is not None:
             touched.pages.update(table)
