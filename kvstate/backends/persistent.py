@@ -51,7 +51,7 @@ class HostTransaction:
 
     def finish(self) -> HostTier:
         opened = self.__dict__
-        fields = {"num_pages": self.num_pages}
+        fields: dict[str, Any] = {"num_pages": self.num_pages}
         for name in (*_HOST_MAPS, "free_pages"):
             value = opened.get(name)
             if value is None:
@@ -151,7 +151,7 @@ class Transaction:
             for node_id, node in self._nodes_w.items():
                 nodes[node_id] = freeze_node(node)
         state = self._state
-        values = []
+        values: list[Any] = []
         for name in STATE_FIELDS:
             if name == "seq":
                 values.append(seq)

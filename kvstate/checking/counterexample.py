@@ -13,7 +13,7 @@ import pathlib
 from typing import Any
 
 from kvstate.checking.explorer import Violation
-from kvstate.events import Event, encode_event
+from kvstate.events import Event, event_record
 from kvstate.state import Geometry
 
 
@@ -23,10 +23,10 @@ def format_violation(violation: Violation) -> str:
     lines.append(f"shortest path ({len(violation.events())} events):")
     for number, step in enumerate(violation.path, 1):
         if len(step.events) == 1 and step.label == type(step.events[0]).__name__:
-            lines.append(f"{number:4d}  {encode_event(step.events[0])}")
+            lines.append(f"{number:4d}  {event_record(step.events[0])}")
             continue
         lines.append(f"{number:4d}  # {step.label}")
-        lines += [f"        {encode_event(event)}" for event in step.events]
+        lines += [f"        {event_record(event)}" for event in step.events]
     return "\n".join(lines)
 
 

@@ -61,12 +61,12 @@ class Report:
     def as_json(self) -> dict[str, Any]:
         violations = []
         if self.violation is not None:
-            from kvstate.events import encode_event
+            from kvstate.events import event_record
 
             violations.append({
                 "properties": list(self.violation.names),
                 "messages": list(self.violation.messages),
-                "events": [encode_event(e) for e in self.violation.events()],
+                "events": [event_record(e) for e in self.violation.events()],
                 "log": self.log_path,
             })
         return {

@@ -18,6 +18,13 @@ from kvstate.events.block import (
     BlockUncache,
     CacheEntry,
 )
+from kvstate.events.codec import (  # noqa: I001  (after the event modules: the union covers every tag)
+    EventDecodeError,
+    decode_event,
+    encode_event,
+    event_record,
+    validated,
+)
 from kvstate.events.host import HOST_EVENTS, HostFree, Load, Offload
 from kvstate.events.radix import (
     RADIX_EVENTS,
@@ -39,13 +46,6 @@ from kvstate.events.radix import (
     Touch,
     Truncate,
     Unlock,
-)
-from kvstate.events.codec import (  # noqa: I001  (after the event modules: the union covers every tag)
-    EventDecodeError,
-    decode_event,
-    encode_event,
-    event_record,
-    validated,
 )
 
 __all__ = [

@@ -26,7 +26,7 @@ CacheEntry = tuple[Id, tuple[Token, ...], Extra, Id]  # (node, key tokens, extra
 
 
 @event
-class BlockAlloc(Event, tag="ba"):
+class BlockAlloc(Event, tag="ba", frozen=True):
     """Take ``pages`` from the head of the free queue, in order (vLLM ``get_new_blocks``).
 
     Each page must be uncached (lazy eviction is a ``BlockUncache`` before
@@ -38,7 +38,7 @@ class BlockAlloc(Event, tag="ba"):
 
 
 @event
-class BlockHold(Event, tag="bh"):
+class BlockHold(Event, tag="bh", frozen=True):
     """Add ``holder`` to ``pages`` (vLLM ``touch``); a page with no holder leaves the free queue.
 
     A request holder appends the pages to its table; page 0 (null) may pad a
@@ -50,7 +50,7 @@ class BlockHold(Event, tag="bh"):
 
 
 @event
-class BlockRelease(Event, tag="br"):
+class BlockRelease(Event, tag="br", frozen=True):
     """Drop one ``holder`` entry from each page, in order (vLLM ``free_blocks``).
 
     Pages left with no holder join the free queue: uncached ones at the head
@@ -68,7 +68,7 @@ class BlockRelease(Event, tag="br"):
 
 
 @event
-class BlockCache(Event, tag="bc"):
+class BlockCache(Event, tag="bc", frozen=True):
     """Cache pages as copies of prefix-tree nodes along one chain (vLLM ``cache_full_blocks``).
 
     Starting under ``parent``, each entry ``(node, key, extra, page)`` walks
@@ -87,7 +87,7 @@ class BlockCache(Event, tag="bc"):
 
 
 @event
-class BlockUncache(Event, tag="bu"):
+class BlockUncache(Event, tag="bu", frozen=True):
     """Remove cached ``pages`` (copies of ``nodes``, pairwise) from the prefix tree.
 
     Holders and free-queue positions do not change (vLLM lazy eviction,
@@ -100,7 +100,7 @@ class BlockUncache(Event, tag="bu"):
 
 
 @event
-class BlockClear(Event, tag="bz"):
+class BlockClear(Event, tag="bz", frozen=True):
     """Drop the whole prefix tree; holders and the free queue stay (vLLM ``reset_prefix_cache``)."""
 
 

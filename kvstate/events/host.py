@@ -15,7 +15,7 @@ from kvstate.events.base import Event, Id, event
 
 
 @event
-class Offload(Event, tag="of"):
+class Offload(Event, tag="of", frozen=True):
     """Back up device ``node`` into ``host_pages`` (one host page per device page, in order)."""
 
     node: Id
@@ -23,7 +23,7 @@ class Offload(Event, tag="of"):
 
 
 @event
-class Load(Event, tag="ld"):
+class Load(Event, tag="ld", frozen=True):
     """Load host-only ``node`` back onto free device ``pages`` (in key order), stamped ``time``."""
 
     node: Id
@@ -32,7 +32,7 @@ class Load(Event, tag="ld"):
 
 
 @event
-class HostFree(Event, tag="hf"):
+class HostFree(Event, tag="hf", frozen=True):
     """Drop the host copies of ``nodes`` in order; their host pages go back to the host free list."""
 
     nodes: tuple[Id, ...]

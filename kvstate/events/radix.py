@@ -14,14 +14,14 @@ from kvstate.events.base import Event, Id, RequestId, Token, event
 
 # -- request rows -------------------------------------------------------------
 @event
-class ReqAlloc(Event, tag="ra"):
+class ReqAlloc(Event, tag="ra", frozen=True):
     """Open requests: int ids take those request rows, str ids are named requests."""
 
     requests: tuple[RequestId, ...]
 
 
 @event
-class ReqFree(Event, tag="rf"):
+class ReqFree(Event, tag="rf", frozen=True):
     """Close requests; rows go back on top of the row stack in the given order.
 
     Pages only the request held become DETACHED (still allocated, to be freed
@@ -33,7 +33,7 @@ class ReqFree(Event, tag="rf"):
 
 # -- pages ------------------------------------------------------------------
 @event
-class Allocate(Event, tag="al"):
+class Allocate(Event, tag="al", frozen=True):
     """Take ``pages`` off the free list.
 
     With no ``items`` the pages are DETACHED (a bare allocator call).  Each
@@ -48,14 +48,14 @@ class Allocate(Event, tag="al"):
 
 
 @event
-class Append(Event, tag="ap"):
+class Append(Event, tag="ap", frozen=True):
     """Commit written tokens: each item sets a request's committed length."""
 
     items: tuple[tuple[RequestId, Id], ...]
 
 
 @event
-class Assign(Event, tag="as"):
+class Assign(Event, tag="as", frozen=True):
     """Write ``slots`` into a request's table at ``start`` (SGLang's row write).
 
     New pages must be DETACHED (they become the request's), tree pages
@@ -68,7 +68,7 @@ class Assign(Event, tag="as"):
 
 
 @event
-class Scatter(Event, tag="sc"):
+class Scatter(Event, tag="sc", frozen=True):
     """Write one slot per ``(row, position)`` (SGLang's batched ``req_to_token`` write).
 
     Exactly a sequence of one-slot ``Assign``s in item order, applied all or
@@ -79,7 +79,7 @@ class Scatter(Event, tag="sc"):
 
 
 @event
-class Truncate(Event, tag="tr"):
+class Truncate(Event, tag="tr", frozen=True):
     """Shrink a request's table to ``length`` tokens; dropped own pages become DETACHED."""
 
     request: RequestId
@@ -87,7 +87,7 @@ class Truncate(Event, tag="tr"):
 
 
 @event
-class Free(Event, tag="fr"):
+class Free(Event, tag="fr", frozen=True):
     """Return DETACHED ``pages`` to the free list, at the head (in this order) or the tail."""
 
     pages: tuple[Id, ...]
@@ -95,7 +95,7 @@ class Free(Event, tag="fr"):
 
 
 @event
-class FreeMapped(Event, tag="fm"):
+class FreeMapped(Event, tag="fm", frozen=True):
     """Free ``pages`` that a request row still maps (SGLang's ``allocator.free`` under a row).
 
     Each page must be held by exactly one open request alone, outside the tree.
@@ -110,7 +110,7 @@ class FreeMapped(Event, tag="fm"):
 
 
 @event
-class Share(Event, tag="sh"):
+class Share(Event, tag="sh", frozen=True):
     """Map already-held ``slots`` into a request's table at ``start`` and add it as a holder.
 
     This is reference counting (vLLM's ``ref_cnt``, seed 002's shared prefix):
@@ -124,7 +124,7 @@ class Share(Event, tag="sh"):
 
 
 @event
-class Copy(Event, tag="cp"):
+class Copy(Event, tag="cp", frozen=True):
     """Copy page contents ``src_pages[i] -> dst_pages[i]`` (copy-on-write; data plane).
 
     The state does not change; the event exists so an executor moves the
@@ -138,7 +138,7 @@ class Copy(Event, tag="cp"):
 
 # -- radix tree -------------------------------------------------------------
 @event
-class Insert(Event, tag="in"):
+class Insert(Event, tag="in", frozen=True):
     """Create leaf ``node`` under ``parent`` with ``key``/``slots``; ``owner``'s holds move to it."""
 
     parent: Id
@@ -150,7 +150,7 @@ class Insert(Event, tag="in"):
 
 
 @event
-class Split(Event, tag="sp"):
+class Split(Event, tag="sp", frozen=True):
     """Split ``node`` at token ``at``: ``new_node`` takes the top half, ``node`` keeps the rest."""
 
     node: Id
@@ -160,7 +160,7 @@ class Split(Event, tag="sp"):
 
 
 @event
-class Touch(Event, tag="to"):
+class Touch(Event, tag="to", frozen=True):
     """Stamp ``nodes`` with access ``time`` (the logical clock never goes back)."""
 
     nodes: tuple[Id, ...]
@@ -168,21 +168,21 @@ class Touch(Event, tag="to"):
 
 
 @event
-class Lock(Event, tag="lk"):
+class Lock(Event, tag="lk", frozen=True):
     """Increment ``lock_ref`` on ``node`` and every ancestor below the root."""
 
     node: Id
 
 
 @event
-class Unlock(Event, tag="ul"):
+class Unlock(Event, tag="ul", frozen=True):
     """Decrement ``lock_ref`` on ``node`` and every ancestor below the root."""
 
     node: Id
 
 
 @event
-class Evict(Event, tag="ev"):
+class Evict(Event, tag="ev", frozen=True):
     """Remove unlocked leaves in order (a parent may follow its last child).
 
     Pages no one else holds return to the free list: per node, in node order,
@@ -194,7 +194,7 @@ class Evict(Event, tag="ev"):
 
 
 @event
-class Reset(Event, tag="rs"):
+class Reset(Event, tag="rs", frozen=True):
     """Reset ``scope``: ``tree``, ``rows``, ``pages`` or ``all`` (see ``kvstate.rules.rows``)."""
 
     scope: Literal["tree", "rows", "pages", "all"]

@@ -13,7 +13,7 @@ so every move of a page is visible in the event stream.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvstate.events import Allocate, Append, Assign, Scatter, Truncate
 from kvstate.records import RequestId
@@ -237,15 +237,18 @@ def scatter(s: Any, event: Scatter) -> None:
         _do_write(s, request_id, write)
 
 
-class _Write:
+class _Write(NamedTuple):
     """A checked table write: what changes, computed before anything is written."""
 
-    __slots__ = ("first", "last", "written", "allocated", "committed", "gained", "released",
-                 "referenced", "dangling")
-
-    def __init__(self, **values: Any) -> None:
-        for name, value in values.items():
-            setattr(self, name, value)
+    first: int
+    last: int
+    written: list[int]
+    allocated: int
+    committed: int
+    gained: list[int]
+    released: list[int]
+    referenced: list[int]
+    dangling: tuple[int, ...]
 
 
 def _plan_write(s: Any, request_id: RequestId, start: int, slots: tuple[int, ...],

@@ -60,7 +60,7 @@ class SpecMachine(RuleBasedStateMachine):
         from specs.model import ModelReject
         from specs.model import step as model_step
 
-        note(f"event {ev.encode_event(event)}")
+        note(f"event {ev.event_record(event)}")
         try:
             after: State | None = self.apply_event(self.state, event)
             error = ""
