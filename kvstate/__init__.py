@@ -15,6 +15,7 @@ from kvstate.backends.persistent import apply, apply_all
 from kvstate.config import ModelConfig, align_to_page, default_max_num_reqs
 from kvstate.engine import Engine
 from kvstate.errors import InvalidEvent, OutOfMemory
+from kvstate.gctune import tune_gc
 from kvstate.invariants import Violation, check
 from kvstate.state import DETACHED, ROOT, Geometry, State, initial_state
 
@@ -62,4 +63,5 @@ __all__ = [
     "default_max_num_reqs",
     "events",
     "initial_state",
+    "tune_gc",
 ]
