@@ -1,8 +1,10 @@
 """Block-mode canaries: the vLLM explorer catches broken block-pool rules by name.
 
-Each variant breaks one block-event rule of the core reducer the way a real
-block-pool bug would.  Exploring the vLLM front end (``kvstate.vllm``) in a
-tiny scope must stop at the named ALWAYS property that the bug violates.
+Each variant breaks one block-event rule of the core (``kvstate.rules.block``)
+the way a real block-pool bug would.  Exploring the vLLM front end
+(``kvstate.vllm``) in a tiny scope must stop at the named ALWAYS property
+that the bug violates.  A rule edits a store in place (``kvstate.rules.store``);
+the variants wrap it and undo or add one edit.
 """
 
 from __future__ import annotations
@@ -10,34 +12,38 @@ from __future__ import annotations
 import pytest
 
 from kvstate.checking.explorer import explore
-from kvstate.events_block import BlockAlloc, BlockHold, BlockUncache
+from kvstate.events import BlockAlloc, BlockHold, BlockUncache
 from kvstate.invariants import check as core_check
-from kvstate.reducer import HANDLERS
+from kvstate.rules import RULES
 from kvstate.vllm.explore import VllmLevel, vllm_scope
 
 
 def touch_leaves_block_queued(rule):
     """``touch`` on a cached free block takes a reference but leaves it in the free queue."""
-    def broken(state, event):
-        return rule(state, event).with_changes(free_pages=state.free_pages)
+    def broken(s, event):
+        queue = s.free_pages
+        saved = queue.copy() if hasattr(queue, "copy") else queue  # a live queue edits in place
+        rule(s, event)
+        s.free_pages = saved
     return broken
 
 
 def uncache_keeps_hash_entry(rule):
     """Lazy eviction drops the block from its node but the block still says it is cached."""
-    def broken(state, event):
-        return rule(state, event).with_changes(page_node=state.page_node)
+    def broken(s, event):
+        rule(s, event)
+        for page, node in zip(event.pages, event.nodes, strict=True):
+            s.page_node[page] = node
     return broken
 
 
 def alloc_counts_twice(rule):
     """``get_new_blocks`` for a request records the request twice on each block (ref_cnt 2)."""
-    def broken(state, event):
-        out = rule(state, event)
-        if isinstance(event.holder, int):
-            return out
-        doubled = {page: (event.holder, event.holder) for page in event.pages}
-        return out.with_changes(holders=out.holders.update(doubled))
+    def broken(s, event):
+        rule(s, event)
+        if isinstance(event.holder, str):
+            for page in event.pages:
+                s.holders[page] = (event.holder, event.holder)
     return broken
 
 
@@ -51,7 +57,7 @@ CANARIES = [
 @pytest.mark.parametrize("check, event_type, factory", CANARIES,
                          ids=[f"{check}-{t.__name__}" for check, t, _ in CANARIES])
 def test_the_vllm_explorer_catches_the_variant(monkeypatch, check, event_type, factory):
-    monkeypatch.setitem(HANDLERS, event_type, factory(HANDLERS[event_type]))
+    monkeypatch.setitem(RULES, event_type, factory(RULES[event_type]))
     level = VllmLevel(vllm_scope(block_size=1, max_depth=4))
     report = explore(level, probes=())
     assert report.violation is not None, f"{check} was not caught"

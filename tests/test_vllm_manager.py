@@ -6,21 +6,24 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.encoding import canonical
+from kvstate import apply
+from kvstate.canonical import components
 from kvstate.engine import Engine
 from kvstate.errors import InvalidEvent
-from kvstate.events import ReqAlloc, decode_event, encode_event
-from kvstate.events_block import (
+from kvstate.events import (
     BlockAlloc,
     BlockCache,
     BlockClear,
     BlockHold,
     BlockRelease,
     BlockUncache,
+    ReqAlloc,
+    decode_event,
+    encode_event,
 )
 from kvstate.invariants import check
-from kvstate.log import Recorder, read_events, replay_path
-from kvstate.reducer import apply
+from kvstate.log import Recorder, read_events
+from kvstate.replay import replay_path
 from kvstate.state import Geometry, block_child_key, initial_state
 from kvstate.vllm.block_pool import BlockPool
 from kvstate.vllm.events_bridge import NodeHashes
@@ -100,6 +103,8 @@ def test_bad_arguments_raise_typed_errors() -> None:
     with pytest.raises(ValueError, match="Cannot get 4 free blocks"):
         pool.get_new_blocks(4)
     assert pool.engine.state is before
+    with pytest.raises(TypeError, match="not a block of this pool"):
+        pool.free_blocks([BlockPool(4, True, BS).blocks[1]])
 
 
 def test_running_request_cannot_take_new_hits() -> None:
@@ -123,10 +128,10 @@ def test_refused_allocation_changes_nothing() -> None:
 
 # -- the core mapping ---------------------------------------------------------------------------
 def test_radix_encoding_is_unchanged_and_block_mode_is_marked() -> None:
-    radix = canonical(initial_state(Geometry(num_pages=3)))
-    assert radix[1] == [3, 1, 0, 1 << 20]
-    block = canonical(initial_state(Geometry(num_pages=3, mode="block")))
-    assert block[1] == [3, 1, 0, 1 << 20, "block"]
+    radix = dict(components(initial_state(Geometry(num_pages=3))))
+    assert radix["geometry"] == [3, 1, 0, 1 << 20]
+    block = dict(components(initial_state(Geometry(num_pages=3, mode="block"))))
+    assert block["geometry"] == [3, 1, 0, 1 << 20, "block"]
     with pytest.raises(ValueError, match="mode"):
         Geometry(num_pages=3, mode="paged")
 
@@ -134,33 +139,33 @@ def test_radix_encoding_is_unchanged_and_block_mode_is_marked() -> None:
 def test_block_events_are_rejected_in_radix_mode() -> None:
     state = initial_state(Geometry(num_pages=3))
     with pytest.raises(InvalidEvent, match="block-mode geometry"):
-        apply(state, BlockAlloc(0, [1]))
+        apply(state, BlockAlloc(0, (1,)))
 
 
-def test_block_reducer_preconditions() -> None:
+def test_block_rule_preconditions() -> None:
     state = block_state()
     with pytest.raises(InvalidEvent, match="not the head"):
-        apply(state, BlockAlloc(0, [2]))
-    state = apply(state, BlockAlloc(0, [1, 2]))
+        apply(state, BlockAlloc(0, (2,)))
+    state = apply(state, BlockAlloc(0, (1, 2)))
     key = (1, 2, 3, 4)
     with pytest.raises(InvalidEvent, match="new node id must be 1"):
-        apply(state, BlockCache(0, [(5, key, None, 1)]))
+        apply(state, BlockCache(0, ((5, key, None, 1),)))
     with pytest.raises(InvalidEvent, match="is free"):
-        apply(state, BlockCache(0, [(1, key, None, 3)]))
-    cached = apply(state, BlockCache(0, [(1, key, None, 1), (2, (5, 6, 7, 8), None, 2)]))
+        apply(state, BlockCache(0, ((1, key, None, 3),)))
+    cached = apply(state, BlockCache(0, ((1, key, None, 1), (2, (5, 6, 7, 8), None, 2))))
     assert cached.nodes[0].children[block_child_key(key)] == 1
     with pytest.raises(InvalidEvent, match="already cached"):
-        apply(cached, BlockCache(1, [(2, (5, 6, 7, 8), None, 2)]))
+        apply(cached, BlockCache(1, ((2, (5, 6, 7, 8), None, 2),)))
     with pytest.raises(InvalidEvent, match="not a cached copy"):
-        apply(cached, BlockUncache([1], [2]))
-    released = apply(cached, BlockRelease(0, [2, 1]))
+        apply(cached, BlockUncache((1,), (2,)))
+    released = apply(cached, BlockRelease(0, (2, 1)))
     assert list(released.free_pages) == [3, 4, 2, 1]
     with pytest.raises(InvalidEvent, match="still cached"):
-        apply(apply(released, BlockAlloc(0, [3, 4])), BlockAlloc(0, [2]))
+        apply(apply(released, BlockAlloc(0, (3, 4))), BlockAlloc(0, (2,)))
     # Uncaching the parent keeps it as a hollow node while the child is cached.
-    hollow = apply(released, BlockUncache([1], [1]))
+    hollow = apply(released, BlockUncache((1,), (1,)))
     assert hollow.nodes[1].pages == () and check(hollow) == []
-    pruned = apply(hollow, BlockUncache([2], [2]))
+    pruned = apply(hollow, BlockUncache((2,), (2,)))
     assert list(pruned.nodes) == [0] and pruned.evictable_size == 0
     assert check(pruned) == []
     cleared = apply(released, BlockClear())
@@ -168,24 +173,24 @@ def test_block_reducer_preconditions() -> None:
 
 
 def test_block_hold_revives_and_requests_hold_once() -> None:
-    state = apply(block_state(), ReqAlloc(["r"]))
-    state = apply(state, BlockHold("r", [0, 3]))
+    state = apply(block_state(), ReqAlloc(("r",)))
+    state = apply(state, BlockHold("r", (0, 3)))
     assert list(state.requests["r"].pages) == [0, 3] and 3 not in state.free_pages
     with pytest.raises(InvalidEvent, match="already holds"):
-        apply(state, BlockHold("r", [3]))
+        apply(state, BlockHold("r", (3,)))
     with pytest.raises(InvalidEvent, match="null page"):
-        apply(state, BlockHold(0, [0]))
+        apply(state, BlockHold(0, (0,)))
     with pytest.raises(InvalidEvent, match="must release all"):
-        apply(state, BlockRelease("r", [], True, True))
-    closed = apply(state, BlockRelease("r", [3], True, True))
+        apply(state, BlockRelease("r", (), True, True))
+    closed = apply(state, BlockRelease("r", (3,), True, True))
     assert "r" not in closed.requests and list(closed.free_pages)[0] == 3
     assert check(closed) == []
 
 
 def test_block_events_round_trip_through_the_record_form() -> None:
-    events = [BlockAlloc("r", [1, 2]), BlockHold(0, [3]), BlockRelease("r", [2, 1], False, True),
-              BlockCache(0, [(1, (1, 2), (("lora", "a", "/p"),), 1)], 0), BlockUncache([1], [1]),
-              BlockClear()]
+    events = [BlockAlloc("r", (1, 2)), BlockHold(0, (3,)), BlockRelease("r", (2, 1), False, True),
+              BlockCache(0, ((1, (1, 2), (("lora", "a", "/p"),), 1),), 0),
+              BlockUncache((1,), (1,)), BlockClear()]
     for evt in events:
         assert decode_event(encode_event(evt)) == evt
 

@@ -15,6 +15,7 @@ import hashlib
 import pytest
 
 from kvstate.invariants import check
+from kvstate.planner.block_hits import window_hit
 from kvstate.vllm.block_pool import BlockPool, KVCacheBlock
 from kvstate.vllm.cbor import encode_canonical
 from kvstate.vllm.hashing import (
@@ -29,7 +30,6 @@ from kvstate.vllm.hashing import (
 from kvstate.vllm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvstate.vllm.manager import KVCacheManager
 from kvstate.vllm.request import Request
-from kvstate.vllm.sliding_window import longest_window_hit
 from tests.vllm_helpers import admit, ids
 
 BS = 16
@@ -507,12 +507,12 @@ def test_s43_first_cached_copy_is_returned() -> None:
 @pytest.mark.parametrize(("bitmap", "expected"), [
     ("TTFTFFTTFTTT", 12), ("TTFTFFTTFFF", 8), ("FTTT", 4), ("TFFF", 1), ("FFFF", 0)])
 def test_s46_window_hit_scans_right_to_left(bitmap: str, expected: int) -> None:
-    cached = [index if flag == "T" else None for index, flag in enumerate(bitmap)]
-    hit = longest_window_hit(cached, window=4, block_size=2, null=-1)
+    cached = [index + 1 if flag == "T" else 0 for index, flag in enumerate(bitmap)]  # 0: miss
+    hit = window_hit(cached, window=4, block_size=2)
     assert len(hit) == expected
     if expected >= 2:
-        assert hit[-2:] == [expected - 2, expected - 1]
-        assert all(b == -1 for b in hit[:-2])
+        assert hit[-2:] == [expected - 1, expected]
+        assert all(b == 0 for b in hit[:-2])
 
 
 def test_s47_remove_skipped_blocks_replaces_with_null() -> None:
@@ -588,7 +588,7 @@ def test_s53_no_leak_after_every_request_finishes() -> None:
         manager.free(request)
     state = manager.engine.state
     assert pool.get_num_free_blocks() == 11 and not state.requests and not state.holders
-    assert manager.num_cached_block == {}
+    assert manager.running == {}
     assert len(state.page_node) > 0  # hashes stay (lazy eviction)
     healthy(manager)
 

@@ -9,15 +9,18 @@ from kvstate.vllm.request import Request
 def admit(manager: KVCacheManager, request: Request) -> tuple[list[int], int, KVCacheBlocks | None]:
     """Scheduler admission of a waiting request: look up, then allocate every token not hit.
 
-    When the allocation succeeds the whole prompt counts as computed (the
-    scheduler's update after the step), so a following ``allocate_slots(request, n)``
-    is a decode step.  Returns the hit block ids, the hit tokens and the newly
-    allocated blocks (None: not enough room, and nothing was allocated).
+    When the allocation succeeds the lookup is counted (prefix-cache
+    statistics, as vLLM's scheduler does at admission) and the whole prompt
+    counts as computed (the scheduler's update after the step), so a following
+    ``allocate_slots(request, n)`` is a decode step.  Returns the hit block
+    ids, the hit tokens and the newly allocated blocks (None: not enough room,
+    and nothing was allocated).
     """
     blocks, hit, boundary = manager.get_computed_blocks(request)
     assert boundary == 0  # one KV cache group: no shared-prefix boundary
     new = manager.allocate_slots(request, request.num_tokens - hit, hit, blocks)
     if new is not None:
+        manager.record_prefix_cache_stats(request, hit)
         request.num_computed_tokens = request.num_tokens
     return blocks.get_block_ids()[0], hit, new
 

@@ -6,14 +6,17 @@ at a Python that has vLLM 0.33 installed (see ../shared/peers/setup_peers.sh)::
     python tools/diff_vllm.py --peer-python $PEERS/venv-vllm/bin/python --seeds 50
 
 For each seed it generates a scheduler-like call sequence (admit with
-``get_computed_blocks`` + ``allocate_slots``, decode steps, frees, occasional
-``evict_blocks`` / ``reset_prefix_cache``, pool-level ``get_new_blocks`` /
-``touch`` / ``free_blocks``), runs it on kvstate in this process and on vLLM in
-the peer process (this file again, with ``--vllm-side``), and compares after
-every call: returned block ids, hit lengths, the free queue (head first),
-every block's ``ref_cnt`` and the KV events (class, hashes, parent, tokens,
-extra keys).  vLLM runs on CPU with ``PYTHONHASHSEED`` set and ``sha256_cbor``.
-Prints the first difference per seed and a summary; exit status 1 on any.
+``get_computed_blocks`` + ``allocate_slots`` + ``record_prefix_cache_stats``,
+decode steps, frees, preemptions (free, reset ``num_computed_tokens``, count
+the preemption, re-admit), occasional ``evict_blocks`` /
+``reset_prefix_cache`` / ``make_prefix_cache_stats``, pool-level
+``get_new_blocks`` / ``touch`` / ``free_blocks``), runs it on kvstate in this
+process and on vLLM in the peer process (this file again, with
+``--vllm-side``), and compares after every call: returned block ids, hit
+lengths, prefix-cache statistics, the free queue (head first), every block's
+``ref_cnt`` and the KV events (class, hashes, parent, tokens, extra keys).
+vLLM runs on CPU with ``PYTHONHASHSEED`` set and ``sha256_cbor``.  Prints
+the first difference per seed and a summary; exit status 1 on any.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def make_ops(seed: int, num_ops: int, vocab: int, block_size: int) -> list[Op]:
              for _ in range(3)]
     for _ in range(num_ops):
         roll = rng.random()
-        if roll < 0.35 or not live:
+        if roll < 0.33 or not live:
             stem = rng.choice(stems) if rng.random() < 0.7 else []
             tail = [rng.randrange(vocab) for _ in range(rng.randrange(1, 3 * block_size))]
             salt = "s1" if rng.random() < 0.1 else None
@@ -49,15 +52,19 @@ def make_ops(seed: int, num_ops: int, vocab: int, block_size: int) -> list[Op]:
             next_id += 1
             ops.append(["admit", rid, stem + tail, salt, rng.choice([0, 0, 1, 2])])
             live.append(rid)
-        elif roll < 0.70:
+        elif roll < 0.66:
             ops.append(["decode", rng.choice(live), rng.randrange(vocab)])
-        elif roll < 0.88:
+        elif roll < 0.80:
             rid = live.pop(rng.randrange(len(live)))
             ops.append(["free", rid])
-        elif roll < 0.92:
+        elif roll < 0.86:
+            ops.append(["preempt", rng.choice(live)])
+        elif roll < 0.89:
             ops.append(["evict", sorted(rng.sample(range(1, 6), 2))])
-        elif roll < 0.95:
+        elif roll < 0.91:
             ops.append(["reset"])
+        elif roll < 0.94:
+            ops.append(["stats"])
         elif roll < 0.98:
             ops.append(["pool_get", rng.randrange(0, 3)])
         else:
@@ -80,6 +87,22 @@ def event_view(event: Any) -> list[Any]:
     return [name]
 
 
+def admit(manager: Any, req: Any, lookahead: int = 0) -> list[Any]:
+    """The scheduler's admission: look up, allocate, count the lookup once admitted."""
+    blocks, hit, _boundary = manager.get_computed_blocks(req)
+    new = manager.allocate_slots(req, req.num_tokens - hit, hit, blocks,
+                                 num_lookahead_tokens=lookahead)
+    if new is not None:
+        manager.record_prefix_cache_stats(req, hit)
+        req.num_computed_tokens = req.num_tokens
+    return [blocks.get_block_ids()[0], hit, None if new is None else new.get_block_ids()[0]]
+
+
+def stats_view(stats: Any) -> list[Any]:
+    return [stats.reset, stats.requests, stats.queries, stats.hits, stats.preempted_requests,
+            stats.preempted_queries, stats.preempted_hits]
+
+
 def run_ops(ops: list[Op], api: dict[str, Any]) -> list[Any]:
     """Drive one implementation through ``api`` callables; return the observation trace."""
     manager = api["manager"]
@@ -94,16 +117,21 @@ def run_ops(ops: list[Op], api: dict[str, Any]) -> list[Any]:
         if kind == "admit":
             _, rid, tokens, salt, lookahead = op
             req = make_request(rid, tokens, salt)
-            requests[rid] = req
-            blocks, hit, _boundary = manager.get_computed_blocks(req)
-            new = manager.allocate_slots(req, req.num_tokens - hit, hit, blocks,
-                                         num_lookahead_tokens=lookahead)
-            result = [blocks.get_block_ids()[0], hit, None if new is None else new.get_block_ids()[0]]
-            if new is None:
-                del requests[rid]
-            else:
-                req.num_computed_tokens = req.num_tokens
+            result = admit(manager, req, lookahead)
+            if result[2] is not None:
+                requests[rid] = req
                 req.append_output_token_ids(tokens[0])
+        elif kind == "preempt":  # vLLM's _preempt_request, then the request is resumed at once
+            req = requests.get(op[1])
+            if req is not None:
+                manager.free(req)
+                req.num_computed_tokens = 0
+                req.num_preemptions += 1
+                result = admit(manager, req)
+                if result[2] is None:
+                    del requests[op[1]]
+        elif kind == "stats":
+            result = stats_view(manager.make_prefix_cache_stats())
         elif kind == "decode":
             req = requests.get(op[1])
             if req is not None:
@@ -131,7 +159,9 @@ def run_ops(ops: list[Op], api: dict[str, Any]) -> list[Any]:
         elif kind == "pool_release":
             # Extra references go in a second call: kvstate rejects a duplicate
             # inside one free_blocks (a documented deviation).
-            first, again, seen = [], [], set()
+            first: list[Any] = []
+            again: list[Any] = []
+            seen: set[int] = set()
             for block in pool_blocks:
                 (again if block.block_id in seen else first).append(block)
                 seen.add(block.block_id)
@@ -175,7 +205,7 @@ def vllm_side(config: dict[str, Any], ops: list[Op]) -> list[Any]:
     manager = KVCacheManager(kv_config, max_model_len=config["max_model_len"],
                              scheduler_block_size=block_size, hash_block_size=block_size,
                              enable_caching=config["enable_caching"],
-                             enable_kv_cache_events=True)
+                             enable_kv_cache_events=True, log_stats=True)
     hasher = get_request_block_hasher(block_size, sha256_cbor)
     params = SamplingParams(max_tokens=1 << 20)
 
@@ -199,12 +229,13 @@ def kvstate_side(config: dict[str, Any], ops: list[Op]) -> tuple[list[Any], list
     manager = KVCacheManager(config["num_blocks"], config["block_size"], config["max_model_len"],
                              enable_caching=config["enable_caching"],
                              sliding_window=config["sliding_window"] or None,
-                             enable_kv_cache_events=True, hash_seed=seed, keep_events=False)
+                             enable_kv_cache_events=True, hash_seed=seed, keep_events=False,
+                             log_stats=True)
     violations: list[str] = []
 
-    def watch(_event: Any, state: Any) -> None:
+    def watch(_event: Any, view: Any) -> None:
         if not violations:
-            violations.extend(str(v) for v in check(state))
+            violations.extend(str(v) for v in check(view))
 
     manager.engine.subscribe(watch)
 
@@ -248,7 +279,7 @@ def main() -> int:
         return 0
     if not args.peer_python:
         parser.error("--peer-python is required")
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         rng = random.Random(seed)
         config = {"seed": seed, "block_size": rng.choice([2, 4, 16]),
@@ -265,15 +296,17 @@ def main() -> int:
         return 2
     theirs_all = json.loads(proc.stdout)
     failures = 0
-    calls = events = hits = refused = 0
+    calls = events = hits = refused = preempted = stats = 0
     for job, theirs in zip(jobs, theirs_all, strict=True):
         ours, violations = kvstate_side(job["config"], job["ops"])
         calls += len(ours)
         for step in theirs:
             events += len(step[5])
-            if step[0][0] == "admit":
+            if step[0][0] in ("admit", "preempt") and step[1] is not None:
                 hits += step[1][1] > 0
                 refused += step[1][2] is None
+                preempted += step[0][0] == "preempt"
+            stats += step[0][0] == "stats"
         problem = compare(_normalise(ours), theirs)
         if violations:
             problem = (problem or "") + f"\n  invariant violated: {violations[0]}"
@@ -281,7 +314,8 @@ def main() -> int:
             failures += 1
             print(f"seed {job['config']['seed']} {job['config']}: {problem}")
     print(f"{len(jobs)} sequences, {calls} calls compared ({events} KV events, {hits} admissions "
-          f"with prefix hits, {refused} refused for lack of blocks), {failures} with differences")
+          f"with prefix hits, {refused} refused for lack of blocks, {preempted} preemptions, "
+          f"{stats} statistics snapshots), {failures} with differences")
     return 1 if failures else 0
 
 

@@ -15,8 +15,7 @@ event, so a refused call emits nothing.  Page 0 is the null block.
 * manager: ``plan_allocate_slots`` (window ``BlockRelease``, the admission
   check, ``ReqAlloc`` + ``BlockHold`` of the hits, new blocks, ``BlockCache``),
   ``plan_cache_blocks``, ``plan_remove_skipped``, ``plan_free_request``;
-* reads (no events): ``cached_prefix`` (the hit of ``get_computed_blocks``),
-  ``blocks_to_allocate`` (vLLM's capacity predictor), ``check_hits``.
+* reads (no events) are in ``kvstate.planner.block_hits``.
 
 vLLM's per-request ``num_cached_block`` is an input and an output
 (``Running``), never core state.
@@ -25,38 +24,21 @@ vLLM's per-request ``num_cached_block`` is an input and an output
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
 
 import attrs
 
 from kvstate.events import BlockAlloc, BlockCache, BlockClear, BlockHold, BlockRelease, BlockUncache, ReqAlloc
+from kvstate.planner.alloc import cdiv
+from kvstate.planner.block_hits import (
+    NULL,
+    BlockChain,
+    Running,
+    blocks_to_allocate,
+    check_hits,
+    skipped_tokens,
+)
 from kvstate.planner.builder import Builder
-from kvstate.state import DETACHED, ROOT, RequestId, block_child_key
-
-NULL = 0  # the null block: pads sliding-window tables; never held, queued or cached
-
-
-class BlockChain(Protocol):
-    """A request's full blocks as the prefix tree keys them (``kvstate.vllm.Request`` is one)."""
-
-    @property
-    def block_keys(self) -> Sequence[tuple[Any, ...]]: ...  # child key of each full block
-    @property
-    def block_extra_keys(self) -> Sequence[Any]: ...  # tagged extra keys of each, or None
-    def block_tokens(self, index: int) -> tuple[int, ...]: ...
-
-
-@attrs.frozen
-class Running:
-    """vLLM's ``num_cached_block`` entry of a running request, plus a memo for the tree walk.
-
-    ``last_node`` is the tree node of table entry ``num_cached - 1`` when known
-    (ROOT: walk from the root).  Node ids are never reused, so the memo is
-    right exactly while that node is still in the tree.
-    """
-
-    num_cached: int = 0
-    last_node: int = ROOT
+from kvstate.state import DETACHED, ROOT, RequestId
 
 
 @attrs.frozen
@@ -67,18 +49,11 @@ class Allocation:
     running: Running | None  # None: vLLM still treats the request as new
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 # -- the pool ------------------------------------------------------------------------------
 def plan_get_new_blocks(b: Builder, holder: RequestId, count: int) -> list[int]:
-    """Take ``count`` pages off the free-queue head for ``holder`` (an open request or DETACHED).
-
-    A cached head page is uncached first, all in one ``BlockUncache`` in queue
-    order (vLLM emits one ``BlockRemoved`` each), then ``BlockAlloc``.
-    ``ValueError`` (nothing emitted) when the queue is shorter than ``count``.
-    """
+    """Take ``count`` pages off the free-queue head for ``holder`` (an open request or DETACHED):
+    ``BlockUncache`` of the cached ones among them (lazy eviction), then ``BlockAlloc``.
+    ``ValueError`` (nothing emitted) when the queue is shorter."""
     state = b.state
     if count > len(state.free_pages):
         raise ValueError(f"Cannot get {count} free blocks from the pool")
@@ -105,9 +80,9 @@ def plan_free_blocks(b: Builder, holder: RequestId, pages: Sequence[int], *, cac
                      close: bool = False) -> None:
     """Drop one ``holder`` reference per page, in order (``BlockRelease``; nulls skipped).
 
-    Pages nobody holds any more queue as vLLM 0.33 queues them: uncached at
-    the head (the first given becomes the head), cached at the tail; with
-    ``caching`` off all at the head.  ``close`` ends the request's table.
+    Pages nobody holds any more queue as in vLLM 0.33: uncached at the head
+    (the first given becomes the head), cached at the tail; ``caching`` off:
+    all at the head.  ``close`` ends the request's table.
     """
     real = tuple(page for page in pages if page != NULL)
     if real or close:
@@ -169,113 +144,6 @@ def plan_reset(b: Builder) -> bool:
     return True
 
 
-# -- the manager: lookups and the predictor (no events) ----------------------------------------
-def skipped_tokens(window: int | None, num_computed: int) -> int:
-    """Tokens before the attention window of the next token (0 for full attention)."""
-    return 0 if window is None else max(0, num_computed - window + 1)
-
-
-def cached_prefix(state: Any, chain: BlockChain, max_blocks: int, window: int | None) -> list[int]:
-    """The hit of ``get_computed_blocks``: per position the first cached copy of its node.
-
-    Full attention: the leading run of cached positions; sliding window:
-    ``window_hit`` over the first ``max_blocks`` positions.
-    """
-    nodes = state.nodes
-    keys = chain.block_keys
-    copies: list[int] = []  # NULL: a hollow node (sliding window only)
-    current = nodes[ROOT]
-    for position in range(min(max_blocks, len(keys))):
-        child = current.children.get(keys[position])
-        if child is None:
-            break
-        current = nodes[child]
-        if current.pages:
-            copies.append(current.pages[0])
-        elif window is None:
-            break
-        else:
-            copies.append(NULL)
-    if window is None:
-        return copies
-    copies.extend([NULL] * (max_blocks - len(copies)))
-    return window_hit(copies, window, state.geometry.page_size)
-
-
-def window_hit(copies: Sequence[int], window: int, block_size: int) -> list[int]:
-    """A sliding-window hit from each position's cached copy (NULL: a miss), vLLM's scan.
-
-    Right to left, the first run of ``cdiv(window - 1, block_size)`` cached
-    positions ends the hit (the positions before it become NULL); with no
-    such run, the leading run from position 0.
-    """
-    need = cdiv(window - 1, block_size)
-    run = 0
-    for index in range(len(copies) - 1, -1, -1):
-        if copies[index] == NULL:
-            run = 0
-            continue
-        run += 1
-        if run >= need:
-            return [NULL] * index + list(copies[index:index + run])
-    return list(copies[:run])
-
-
-def blocks_to_allocate(state: Any, request_id: RequestId, running: bool, num_tokens: int,
-                       hits: Sequence[int], total_computed: int, window: int | None) -> int:
-    """How many free blocks giving the request ``num_tokens`` slots consumes (vLLM's predictor).
-
-    A running request takes no hits (``ValueError``).  A new one needs the
-    blocks past its hits and the window's skipped prefix, plus every kept hit
-    nobody holds (holding it takes it off the free queue).
-    """
-    size = state.geometry.page_size
-    required = cdiv(num_tokens, size)
-    record = state.requests.get(request_id)
-    table = 0 if record is None else len(record.pages)
-    if running:
-        if hits:
-            raise ValueError(f"running request {request_id!r} cannot take new prefix hits")
-        return max(required - table, 0)
-    skipped = skipped_tokens(window, total_computed) // size
-    new = max(required - max(skipped, len(hits) + table), 0)
-    holders = state.holders
-    kept = hits[max(0, skipped - table):]
-    return new + sum(1 for page in kept if page != NULL and page not in holders)
-
-
-def check_hits(state: Any, request_id: RequestId, chain: BlockChain, running: Running | None,
-               hits: Sequence[int], num_local: int, *, window: int | None, caching: bool) -> None:
-    """``ValueError`` unless ``hits`` can be the ``get_computed_blocks`` hit of a new request.
-
-    Each real hit must be a cached copy of the node at its chain position,
-    once; a running request or one that already has blocks takes none.
-    """
-    if running is not None:
-        if hits:
-            raise ValueError(f"running request {request_id!r} cannot take new prefix hits")
-        return
-    record = state.requests.get(request_id)
-    if record is not None and record.pages:
-        raise ValueError(f"request {request_id!r} already has blocks; only a new request "
-                         "takes prefix hits")
-    if len(hits) > len(chain.block_keys):
-        raise ValueError(f"{len(hits)} hit blocks for {len(chain.block_keys)} full blocks")
-    skipped = skipped_tokens(window, num_local) // state.geometry.page_size
-    if not caching and any(page != NULL for page in hits[skipped:]):
-        raise ValueError("computed blocks must be empty when prefix caching is disabled")
-    page_node, nodes, keys = state.page_node, state.nodes, chain.block_keys
-    seen: set[int] = set()
-    for position, page in enumerate(hits):
-        if page == NULL:
-            continue
-        node = nodes.get(page_node.get(page, -1))
-        if node is None or block_child_key(node.key, node.extra) != keys[position] or page in seen:
-            raise ValueError(f"block {page} is not a cached copy of block {position} of request "
-                             f"{request_id!r} (or it is given twice)")
-        seen.add(page)
-
-
 # -- the manager: decisions ---------------------------------------------------------------------
 def plan_remove_skipped(b: Builder, request_id: RequestId, num_computed: int, *,
                         window: int | None, caching: bool) -> None:
@@ -330,7 +198,8 @@ def plan_allocate_slots(b: Builder, request_id: RequestId, chain: BlockChain,
     are freed (kept even when refused), the admission check (``None``, nothing
     more emitted), the hits are held behind nulls for skipped positions, the
     table grows to ``need_slots`` tokens from the queue head, and the full
-    blocks up to ``cache_upto`` are cached.
+    blocks up to ``cache_upto`` are cached.  Bad hits raise ``ValueError``
+    before any event (``check_hits``).
     """
     state = b.state
     size = state.geometry.page_size

@@ -104,14 +104,16 @@ def block_hold(s: Any, event: BlockHold) -> None:
         table = set(s.requests[holder].pages)
     num_pages = s.geometry.num_pages
     revived: list[int] = []
+    reviving: set[int] = set()
     for page in real:
         if not 0 < page <= num_pages:
             check_page_id(s, page)
         held = holders.get(page, ())
         if is_request and (holder in held or page in table):
             raise Reject(f"request {holder!r} already holds page {page}")
-        if not held and page not in revived:  # a pool-level holder may name a page twice
+        if not held and page not in reviving:  # a pool-level holder may name a page twice
             revived.append(page)
+            reviving.add(page)
     if is_request:
         _check_width(s, holder, len(pages))
     # A pool-level holder (DETACHED) may repeat, so holders are extended one by one.

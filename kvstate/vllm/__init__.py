@@ -2,11 +2,12 @@
 block-mode core, byte-compatible block hashing and KV events.
 
 Exported here: ``BlockPool``, ``KVCacheBlock``, ``KVCacheManager``,
-``KVCacheBlocks``, ``Request`` (see docs/vllm.md), and the hashing and event
-names below.  Submodules:
+``KVCacheBlocks``, ``PrefixCacheStats``, ``Request`` (see docs/vllm.md), and
+the hashing and event names below.  Every block decision is made by
+``kvstate.planner.block``.  Submodules:
 
 * :mod:`kvstate.vllm.block_pool`, :mod:`kvstate.vllm.manager`,
-  :mod:`kvstate.vllm.request`, :mod:`kvstate.vllm.sliding_window` -- the front end;
+  :mod:`kvstate.vllm.request`, :mod:`kvstate.vllm.stats` -- the front end;
 * :mod:`kvstate.vllm.events_bridge` -- core block events -> vLLM KV events;
 * :mod:`kvstate.vllm.importer` -- captured event streams -> core events;
 * :mod:`kvstate.vllm.explore` -- a search level for the explorer;
@@ -47,6 +48,7 @@ from kvstate.vllm.kv_events import (
 )
 from kvstate.vllm.manager import KVCacheBlocks, KVCacheManager
 from kvstate.vllm.request import Request
+from kvstate.vllm.stats import PrefixCacheStats
 
 __all__ = [
     "DEFAULT_NONE_HASH_SEED",
@@ -55,6 +57,7 @@ __all__ = [
     "KVCacheBlock",
     "KVCacheBlocks",
     "KVCacheManager",
+    "PrefixCacheStats",
     "Request",
     "BlockRemoved",
     "BlockStored",

@@ -2,11 +2,12 @@
 
 Block ``b`` is core page ``b``; block 0 is the null block (core page 0, never
 held, queued or cached).  ``ref_cnt`` is the number of holder entries of the
-page, the free queue is ``state.free_pages`` and the hash map is the prefix
-tree, so the pool keeps no bookkeeping of its own beyond per-id block views
-and the node-hash listener.  Every mutating call becomes block events applied
-to ``self.engine`` (a log ``Recorder`` attaches there); the pool mutates only
-through the engine.
+page, the free queue is the state's ``free_pages`` and the hash map is the
+prefix tree, so the pool keeps no bookkeeping of its own beyond per-id block
+views and the node-hash listener.  Which blocks a call touches is decided by
+``kvstate.planner.block``; the pool checks vLLM's arguments, runs the
+planner in one engine batch, and hands back vLLM-shaped results.  The pool
+mutates only through its engine (a log ``Recorder`` attaches there).
 
 Pool-level calls (``get_new_blocks``, ``touch``, ``free_blocks``) hold pages
 as ``DETACHED`` (anonymous references); the ``KVCacheManager`` holds them as
@@ -20,16 +21,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvstate.engine import Engine
-from kvstate.events import Event, ReqAlloc
-from kvstate.events_block import (
-    BlockAlloc,
-    BlockCache,
-    BlockClear,
-    BlockHold,
-    BlockRelease,
-    BlockUncache,
+from kvstate.planner.block import (
+    plan_cache_chain,
+    plan_free_blocks,
+    plan_get_new_blocks,
+    plan_reset,
+    plan_touch,
+    plan_uncache,
 )
-from kvstate.state import DETACHED, ROOT, Geometry, RequestId, State
+from kvstate.state import DETACHED, Geometry
 from kvstate.vllm.events_bridge import NodeHashes
 from kvstate.vllm.hashing import HashAlgo, block_hash_with_group_id
 from kvstate.vllm.kv_events import KVCacheEvent
@@ -51,16 +51,16 @@ class KVCacheBlock:
 
     @property
     def ref_cnt(self) -> int:
-        return len(self._pool.engine.state.holders.get(self.block_id, ()))
+        return len(self._pool.engine.view.holders.get(self.block_id, ()))
 
     @property
     def block_hash(self) -> bytes | None:
         """vLLM's ``BlockHashWithGroupId`` (digest + group id), or None when not cached."""
-        state = self._pool.engine.state
-        node_id = state.page_node.get(self.block_id)
+        view = self._pool.engine.view
+        node_id = view.page_node.get(self.block_id)
         if node_id is None:
             return None
-        digest = self._pool.hashes.digest_of(node_id, state)
+        digest = self._pool.hashes.digest_of(node_id, view)
         return None if digest is None else block_hash_with_group_id(digest, 0)
 
     def __repr__(self) -> str:
@@ -90,7 +90,7 @@ class BlockPool:
                             row_width=width_blocks * hash_block_size, mode="block")
         if engine is None:
             engine = Engine(geometry, keep_events=keep_events)
-        elif engine.state.seq == 0 and not engine.events and engine.geometry != geometry:
+        elif engine.seq == 0 and not engine.events and engine.geometry != geometry:
             engine.configure(num_pages=geometry.num_pages, page_size=geometry.page_size,
                              row_width=geometry.row_width, mode="block")
         if engine.geometry.mode != "block" or engine.geometry.num_pages != num_gpu_blocks - 1 \
@@ -104,81 +104,70 @@ class BlockPool:
         engine.subscribe(self.hashes)
 
     # -- reading ----------------------------------------------------------------
-    @property
-    def state(self) -> State:
-        return self.engine.state
-
     def get_num_free_blocks(self) -> int:
-        return len(self.engine.state.free_pages)
+        """Blocks in the free queue (cached ones included).  Commits nothing."""
+        return len(self.engine.view.free_pages)
 
     def get_usage(self) -> float:
+        """``1 - free / (num_gpu_blocks - 1)``.  Commits nothing."""
         return 1.0 - self.get_num_free_blocks() / (self.num_gpu_blocks - 1)
 
     def free_block_ids(self) -> list[int]:
-        """The free queue, head first (vLLM's ``get_all_free_blocks`` as ids)."""
-        return list(self.engine.state.free_pages)
+        """The free queue, head first (vLLM's ``get_all_free_blocks`` as ids).  Commits nothing."""
+        return list(self.engine.view.free_pages)
 
     def get_cached_block(self, block_hash: bytes,
                          kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
-        """The first cached copy of ``block_hash`` (32-byte digest) per group, or None on a miss."""
+        """The first cached copy of ``block_hash`` (32-byte digest) per group, or None on a miss.
+
+        Commits nothing.
+        """
         _check_groups(kv_cache_group_ids)
         node_id = self.hashes.node_of.get(bytes(block_hash))
         if node_id is None:
             return None
-        node = self.engine.state.nodes.get(node_id)
+        node = self.engine.view.nodes.get(node_id)
         if node is None or not node.pages:
             return None
         return [self.blocks[node.pages[0]]]
 
     def take_events(self) -> list[KVCacheEvent]:
-        """Drain the queued vLLM KV events ([] when events are disabled)."""
+        """Drain the queued vLLM KV events ([] when events are disabled).  Commits nothing."""
         if not self.enable_kv_cache_events:
             return []
         return self.hashes.take_events()
 
-    # -- changing (each call applies events to the engine) ------------------------
-    def _apply(self, events: Iterable[Event]) -> None:
-        apply = self.engine.apply
-        for evt in events:
-            apply(evt)
-
+    # -- changing (each call is one engine batch) -----------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Pop ``num_blocks`` from the free-queue head, lazily evicting cached ones."""
-        return self._allocate(DETACHED, num_blocks)
+        """Pop ``num_blocks`` from the free-queue head, lazily evicting cached ones.
 
-    def _allocate(self, holder: RequestId, num_blocks: int) -> list[KVCacheBlock]:
-        if num_blocks > self.get_num_free_blocks():
-            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
-        if num_blocks <= 0:
-            return []
-        state = self.engine.state
-        pages = state.free_pages.head(num_blocks)
-        page_node = state.page_node
-        if page_node:
-            cached = [page for page in pages if page in page_node]
-            if cached:
-                self.engine.apply(BlockUncache(cached, [page_node[page] for page in cached]))
-        self.engine.apply(BlockAlloc.trusted(holder, tuple(pages)))
+        Commits ``BlockUncache`` (only for cached head blocks) and ``BlockAlloc``;
+        ``ValueError`` with nothing changed when fewer blocks are free.
+        """
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
+            raise TypeError(f"num_blocks must be an int, got {num_blocks!r}")
+        with self.engine.batch() as b:
+            pages = plan_get_new_blocks(b, DETACHED, num_blocks)
         blocks = self.blocks
         return [blocks[page] for page in pages]
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Take one more reference on each block (the null block is skipped)."""
-        pages = tuple(block.block_id for block in blocks if block.block_id != 0)
-        if pages:
-            self.engine.apply(BlockHold.trusted(DETACHED, pages))
+        """Take one more reference on each block (the null block is skipped); commits ``BlockHold``."""
+        pages = self.ids_of(blocks)
+        with self.engine.batch() as b:
+            plan_touch(b, pages)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference per block; freed blocks queue by vLLM 0.33's rule.
+        """Drop one reference per block; commits ``BlockRelease``.
 
-        Uncached blocks go to the head (first given = new head), cached ones
-        to the tail; with caching off all go to the head.  A block freed twice
-        in one call, or one with no pool-level reference, is rejected
-        (``InvalidEvent``) with nothing changed.
+        Freed blocks queue by vLLM 0.33's rule: uncached ones at the head (first
+        given = new head), cached ones at the tail; with caching off all at the
+        head.  A block freed twice in one call, or one with no pool-level
+        reference, is rejected (``InvalidEvent``) with nothing changed.
         """
-        pages = tuple(block.block_id for block in ordered_blocks if block.block_id != 0)
-        if pages:
-            self.engine.apply(BlockRelease(DETACHED, pages, self.enable_caching))
+        pages = self.ids_of(ordered_blocks)
+        with self.engine.batch() as b:
+            plan_free_blocks(b, DETACHED, pages, caching=self.enable_caching)
 
     def cache_full_blocks(self, request: Request, blocks: Sequence[KVCacheBlock],
                           num_cached_blocks: int, num_full_blocks: int, block_size: int,
@@ -186,8 +175,8 @@ class BlockPool:
                           ) -> None:
         """Cache ``blocks[num_cached_blocks:num_full_blocks]`` under the request's block keys.
 
-        Null blocks and blocks masked out are skipped (their chain position is
-        kept); one ``BlockStored`` covers the call.
+        Commits one ``BlockCache`` (one ``BlockStored``).  Null blocks and blocks
+        masked out are skipped (their chain position is kept).
         """
         if num_cached_blocks >= num_full_blocks:
             return
@@ -195,6 +184,8 @@ class BlockPool:
         if block_size != self.hash_block_size:
             raise ValueError(f"block_size {block_size} differs from hash_block_size "
                              f"{self.hash_block_size} (one group only)")
+        if num_cached_blocks < 0:
+            raise ValueError(f"num_cached_blocks must be >= 0, got {num_cached_blocks}")
         if len(request.block_hashes) < num_full_blocks:
             raise ValueError(f"request {request.request_id!r} has {len(request.block_hashes)} "
                              f"hashed blocks, fewer than {num_full_blocks} full blocks to cache")
@@ -202,74 +193,70 @@ class BlockPool:
             raise ValueError(f"{len(blocks)} blocks given for {num_full_blocks} full blocks")
         if block_mask is not None and len(block_mask) != num_full_blocks - num_cached_blocks:
             raise ValueError("block_mask must cover blocks[num_cached_blocks:num_full_blocks]")
-        page_ids = [block.block_id for block in blocks[num_cached_blocks:num_full_blocks]]
+        pages = self.ids_of(blocks[num_cached_blocks:num_full_blocks], keep_null=True)
         if block_mask is not None:
-            page_ids = [page if keep else 0 for page, keep in zip(page_ids, block_mask, strict=True)]
-        self._cache(request, page_ids, num_cached_blocks, num_full_blocks)
-
-    def _cache(self, request: Request, page_ids: list[int], num_cached: int, num_full: int,
-               path: list[int] | None = None) -> None:
-        state = self.engine.state
-        nodes = state.nodes
-        keys = request.block_keys
-        # Walk the chain positions [0, num_cached) that already exist.
-        current, first = ROOT, 0
-        if path is not None and num_cached and len(path) >= num_cached \
-                and path[num_cached - 1] in nodes:
-            current, first = path[num_cached - 1], num_cached
-            del path[num_cached:]
-        else:
-            while first < num_cached:
-                child = nodes[current].children.get(keys[first])
-                if child is None:
-                    break
-                current, first = child, first + 1
-            if path is not None:
-                del path[first:]
-        parent = current
-        entries: list[Any] = []
-        next_id = state.next_node_id
-        walking = True
-        node_ids: list[int] = []
-        extras = request.block_extra_keys
-        for position in range(first, num_full):
-            child = nodes[current].children.get(keys[position]) if walking else None
-            if child is None:
-                walking = False
-                child, next_id = next_id, next_id + 1
-            page = page_ids[position - num_cached] if position >= num_cached else 0
-            entries.append((child, request.block_tokens(position), extras[position], page))
-            node_ids.append(child)
-            current = child
-        if path is not None:
-            path.extend(node_ids)
-        self.hashes.hints = request.block_hashes[first:num_full]
-        self.hashes.lora_id = request.lora_id
-        self.engine.apply(BlockCache.trusted(parent, tuple(entries), num_cached - first))
+            pages = [page if keep else 0 for page, keep in zip(pages, block_mask, strict=True)]
+        with self.offer_hashes(request), self.engine.batch() as b:
+            plan_cache_chain(b, request, pages, num_cached_blocks, num_full_blocks)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        """Uncache the given blocks (holders and queue untouched); uncached ids are ignored."""
+        """Uncache the given blocks (holders and queue untouched); uncached ids are ignored.
+
+        Commits ``BlockUncache`` (one ``BlockRemoved`` per block).
+        """
         ids = list(block_ids)
         for block_id in ids:
             if isinstance(block_id, bool) or not isinstance(block_id, int) \
                     or not 0 <= block_id < self.num_gpu_blocks:
                 raise ValueError(f"Invalid block_id {block_id!r} (pool has {self.num_gpu_blocks})")
-        page_node = self.engine.state.page_node
-        cached = list(dict.fromkeys(b for b in ids if b in page_node))
-        if cached:
-            self.engine.apply(BlockUncache(cached, [page_node[b] for b in cached]))
+        with self.engine.batch() as b:
+            plan_uncache(b, ids)
 
     def reset_prefix_cache(self) -> bool:
-        """Drop the whole cache; only when no block but the null block is in use."""
-        if self.num_gpu_blocks - self.get_num_free_blocks() != 1:
-            return False
-        self.engine.apply(BlockClear())
-        return True
+        """Drop the whole cache (commits ``BlockClear``); only when no block but the null block
+        is in use, else False and nothing changes."""
+        with self.engine.batch() as b:
+            return plan_reset(b)
 
     # -- for the manager -------------------------------------------------------------
-    def open_request(self, request_id: str) -> None:
-        if request_id not in self.engine.state.requests:
-            self.engine.apply(ReqAlloc((request_id,)))
+    def offer_hashes(self, request: Any) -> _Offer:
+        """Context: the next batch caches along ``request``'s chain, whose hashes it knows.
+
+        Commits nothing (it only spares the listener rehashing known blocks).
+        """
+        return _Offer(self.hashes, request)
+
+    def ids_of(self, blocks: Iterable[KVCacheBlock], keep_null: bool = False) -> list[int]:
+        """Block ids of views of *this* pool (a foreign or fake view is a ``TypeError``).
+
+        Commits nothing.
+        """
+        out = []
+        for block in blocks:
+            if not isinstance(block, KVCacheBlock) or block._pool is not self:
+                raise TypeError(f"{block!r} is not a block of this pool")
+            if keep_null or block.block_id != 0:
+                out.append(block.block_id)
+        return out
+
+
+class _Offer:
+    """Offers a request's block hashes to the listener for one batch, and withdraws them after
+    (also when the batch fails, so a later batch never sees stale hints)."""
+
+    __slots__ = ("hashes", "request")
+
+    def __init__(self, hashes: NodeHashes, request: Any) -> None:
+        self.hashes = hashes
+        self.request = request
+
+    def __enter__(self) -> None:
+        self.hashes.hints = self.request.block_hashes
+        self.hashes.lora_id = getattr(self.request, "lora_id", None)
+
+    def __exit__(self, *exc: object) -> None:
+        self.hashes.hints = None
+        self.hashes.lora_id = None
 
 
 def _check_groups(group_ids: Sequence[int]) -> None:

@@ -2,29 +2,32 @@
 
 ``NodeHashes`` is an engine listener (owned by a ``BlockPool``; it mutates
 only itself) that follows ``BlockCache`` / ``BlockUncache`` / ``BlockClear``
-and keeps each live node's chained block hash (vLLM's ``BlockHash``, derived
-from the node's path: tokens and tagged extra keys from the root down, seeded
-by ``NONE_HASH``) plus the reverse map hash -> node used by
-``BlockPool.get_cached_block``.  With events enabled it also queues the vLLM
-events the same calls produce in vLLM 0.33:
+once per committed batch and keeps each live node's chained block hash
+(vLLM's ``BlockHash``, derived from the node's path: tokens and tagged extra
+keys from the root down, seeded by ``NONE_HASH``), its depth, and the
+reverse map hash -> node used by ``BlockPool.get_cached_block``.  With
+events enabled it also queues the vLLM events the same calls produce in
+vLLM 0.33:
 
 * ``BlockCache``   -> one ``BlockStored`` (the blocks of that call; the
   parent is the logical predecessor, None at the chain start);
 * ``BlockUncache`` -> one ``BlockRemoved`` per page, in order;
 * ``BlockClear``   -> ``AllBlocksCleared``.
 
-Works from a live front end (which may pass the hashes it already computed
-as ``hints``) and from a replayed log alike (it then hashes each node once).
+Works from a live front end (which may offer the request's block hashes as
+``hints`` for the batch it is about to commit: a node at depth ``d`` is chain
+position ``d - 1``) and from a replayed log alike (it then hashes each node
+once).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
-from kvstate.events import Event
-from kvstate.events_block import BlockCache, BlockClear, BlockUncache
-from kvstate.state import ROOT, State
+from kvstate.events import BlockCache, BlockClear, BlockUncache, Event
+from kvstate.state import ROOT
 from kvstate.vllm.hashing import HashAlgo, external_block_hash, hash_block_tokens, none_hash
 from kvstate.vllm.hashing import to_event_extra_keys as _untag
 from kvstate.vllm.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -42,29 +45,54 @@ class NodeHashes:
         self.none_hash = none_hash(hash_seed, hash_algo)
         self.digest: dict[int, bytes] = {}  # node id -> 32-byte block hash
         self.parent: dict[int, int] = {}  # node id -> parent node id
+        self.depth: dict[int, int] = {}  # node id -> nodes on its path from the root (itself too)
         self.node_of: dict[bytes, int] = {}  # block hash -> node id
-        self.hints: list[bytes] | None = None  # digests of the next BlockCache's entries
-        self.lora_id: int | None = None  # published lora_id of the next BlockCache
+        # Offered by a front end for the batch it commits next (cleared when a batch ends):
+        # the block hashes of the request whose chain it caches, by chain position.
+        self.hints: Sequence[bytes] | None = None
+        self.lora_id: int | None = None  # published lora_id of that batch's BlockStored
         self.events: list[KVCacheEvent] = []
 
-    def __call__(self, event: Event, state: State) -> None:
-        kind = type(event)
-        if kind is BlockCache:
-            self._on_cache(event, state)  # type: ignore[arg-type]
-        elif kind is BlockUncache:
-            self._on_uncache(event, state)  # type: ignore[arg-type]
-        elif kind is BlockClear:
-            self.digest.clear()
-            self.parent.clear()
-            self.node_of.clear()
-            if self.emit_events:
-                self.events.append(AllBlocksCleared())
+    def before(self, event: Event, view: Any) -> None:
+        """Hashes the event needs, from the state it applies to (it or a later event of the
+        batch may prune those nodes): a ``BlockCache``'s parent, a ``BlockUncache``'s nodes."""
+        if isinstance(event, BlockCache):
+            if event.parent != ROOT:
+                self.digest_of(event.parent, view)
+        elif isinstance(event, BlockUncache):
+            for node_id in event.nodes:
+                self.digest_of(node_id, view)
+
+    def discard(self, event: Event) -> None:
+        """Nothing to undo: a digest computed in ``before`` is true of a node that exists."""
+
+    def after(self, events: Sequence[Event], view: Any) -> None:
+        """Follow a committed batch (``view``: the state after all of it)."""
+        try:
+            for event in events:
+                if isinstance(event, BlockCache):
+                    self._on_cache(event, view)
+                elif isinstance(event, BlockUncache):
+                    self._on_uncache(event, view)
+                elif isinstance(event, BlockClear):
+                    self._on_clear()
+        finally:
+            self.hints = None
+            self.lora_id = None
+
+    def _on_clear(self) -> None:
+        self.digest.clear()
+        self.parent.clear()
+        self.depth.clear()
+        self.node_of.clear()
+        if self.emit_events:
+            self.events.append(AllBlocksCleared())
 
     def take_events(self) -> list[KVCacheEvent]:
         events, self.events = self.events, []
         return events
 
-    def digest_of(self, node_id: int, state: State) -> bytes | None:
+    def digest_of(self, node_id: int, state: Any) -> bytes | None:
         """The hash of ``node_id`` (computed from the tree path if not known yet)."""
         known = self.digest.get(node_id)
         if known is not None or node_id == ROOT:
@@ -87,20 +115,23 @@ class NodeHashes:
     def _remember(self, node_id: int, parent_id: int, value: bytes) -> None:
         self.digest[node_id] = value
         self.parent[node_id] = parent_id
+        self.depth[node_id] = 1 if parent_id == ROOT else self.depth[parent_id] + 1
         self.node_of[value] = node_id
 
-    def _on_cache(self, event: BlockCache, state: State) -> None:
-        hints, self.hints = self.hints, None
+    def _on_cache(self, event: BlockCache, state: Any) -> None:
+        hints, self.hints = self.hints, None  # one BlockCache per offer
         lora_id, self.lora_id = self.lora_id, None
         parent_id = event.parent
         parent_digest = self.none_hash if parent_id == ROOT else self.digest_of(parent_id, state)
+        # Entry i sits at chain position depth(parent) + i.
+        offset = 0 if parent_id == ROOT else self.depth[parent_id]
         entry_digests: list[bytes] = []
         digest = self.digest
         for index, (node_id, key, extra, _page) in enumerate(event.entries):
             value = digest.get(node_id)
             if value is None:
-                if hints is not None:
-                    value = hints[index]
+                if hints is not None and offset + index < len(hints):
+                    value = hints[offset + index]
                 else:
                     value = hash_block_tokens(parent_digest, key, extra, hash_seed=self.hash_seed,
                                               hash_algo=self.hash_algo)
@@ -130,7 +161,7 @@ class NodeHashes:
             block_size=len(entries[0][1]) if entries else 0, lora_id=lora_id, medium=MEDIUM_GPU,
             lora_name=lora_name, extra_keys=_untag(extras), group_idx=self.group_idx)
 
-    def _on_uncache(self, event: BlockUncache, state: State) -> None:
+    def _on_uncache(self, event: BlockUncache, state: Any) -> None:
         if self.emit_events:
             for node_id in event.nodes:
                 value = self.digest.get(node_id)
@@ -141,13 +172,14 @@ class NodeHashes:
         for node_id in dict.fromkeys(event.nodes):
             self._forget_pruned(node_id, state)
 
-    def _forget_pruned(self, node_id: int, state: State) -> None:
-        """Drop memo entries of ``node_id`` and ancestors the reducer pruned."""
+    def _forget_pruned(self, node_id: int, state: Any) -> None:
+        """Drop memo entries of ``node_id`` and ancestors the rules pruned."""
         nodes = state.nodes
         while node_id != ROOT and node_id not in nodes:
             value = self.digest.pop(node_id, None)
             if value is not None and self.node_of.get(value) == node_id:
                 del self.node_of[value]
+            self.depth.pop(node_id, None)
             parent = self.parent.pop(node_id, None)
             if parent is None:
                 return

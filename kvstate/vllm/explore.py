@@ -12,10 +12,11 @@ every token of the scope's vocabulary:
 ``evict(b)``       ``evict_blocks({b})`` of a cached block
 ``reset``          ``reset_prefix_cache``
 
-Each command runs on a manager rebuilt from the world (worlds are values, so
-the explorer can keep millions).  Edge checks: the predictor equals what the
-allocation consumed (vLLM reference 1.9 item 12), a refused allocation
-changes nothing (item 11), hits are block multiples below ``num_tokens``.
+Each command runs on a manager rebuilt from the world over a persistent-backend
+engine (worlds are values sharing structure, so the explorer can keep
+millions).  Edge checks: the predictor equals what the allocation consumed
+(vLLM reference 1.9 item 12), a refused allocation changes nothing (item
+11), hits are block multiples below ``num_tokens``.
 State checks: ``kvstate.invariants`` (via the explorer) and, here, that each
 cursor matches its core table.  Pure except for the scratch managers it builds.
 """
@@ -33,6 +34,7 @@ from kvstate.checking.levels import Step
 from kvstate.checking.scopes import Scope
 from kvstate.engine import Engine
 from kvstate.events import Event
+from kvstate.planner.block_hits import Running
 from kvstate.state import Geometry, State, initial_state
 from kvstate.vllm.manager import KVCacheManager
 from kvstate.vllm.request import Request
@@ -99,16 +101,16 @@ class VllmLevel:
 
     # -- expansion -----------------------------------------------------------------------
     def _manager(self, world: World) -> tuple[KVCacheManager, dict[str, Request]]:
+        engine = Engine(state=world.state, backend="persistent", keep_events=False)
         manager = KVCacheManager(self.num_blocks, self.scope.page_size, self.max_model_len,
-                                 sliding_window=self.sliding_window,
-                                 engine=Engine(state=world.state, keep_events=False))
+                                 sliding_window=self.sliding_window, engine=engine)
         requests = {}
         for cursor in world.cursors:
             request = Request(cursor.request_id, list(cursor.tokens), self.scope.page_size)
             request.num_computed_tokens = cursor.num_computed
             requests[cursor.request_id] = request
             if cursor.num_cached is not None:
-                manager.num_cached_block[cursor.request_id] = cursor.num_cached
+                manager.running[cursor.request_id] = Running(cursor.num_cached)
         return manager, requests
 
     def _run(self, world: World, label: str, command: Any) -> Step:
@@ -119,8 +121,9 @@ class VllmLevel:
         next_id = command(manager, requests, violations)
         if next_id is None:
             next_id = world.next_id
+        running = manager.running
         cursors = tuple(Cursor(rid, tuple(r.all_token_ids), r.num_computed_tokens,
-                               manager.num_cached_block.get(rid))
+                               running[rid].num_cached if rid in running else None)
                         for rid, r in sorted(requests.items()))
         after = World(manager.engine.state, cursors, next_id)
         return Step(label, tuple(events), after, tuple(violations))

@@ -27,7 +27,7 @@ import attrs
 import msgpack
 
 from kvstate.engine import Engine
-from kvstate.events_block import BlockAlloc, BlockCache, BlockClear, BlockRelease, BlockUncache
+from kvstate.events import BlockAlloc, BlockCache, BlockClear, BlockRelease, BlockUncache
 from kvstate.state import DETACHED, ROOT, Geometry, block_child_key
 from kvstate.vllm.kv_events import (
     AllBlocksCleared,

@@ -3,12 +3,16 @@
 Covers vLLM's ``KVCacheManager`` with a unitary coordinator over one
 full-attention or sliding-window group.  Each request's block table is its
 core request table (page 0 = null block), its references are core holders,
-and the prefix cache is the core's block-mode prefix tree; every call is
-applied to ``self.block_pool.engine`` as block events, in vLLM's order (so
-removals precede the store of the same call).  The manager itself keeps only
-scheduler-side cursors: ``num_cached_block`` (vLLM's per-running-request
-count, which also marks a request as running) and each request's memoised
-tree path.  Calls mutate the engine's state and these cursors.
+and the prefix cache is the core's block-mode prefix tree.  Every decision
+(which blocks, in which order, whether a request is admitted) is made by
+``kvstate.planner.block`` inside one engine batch per call, so a call's
+events commit together and a rejected call commits none.
+
+The manager owns vLLM's API surface and the scheduler-side bookkeeping:
+``running`` (vLLM's ``num_cached_block`` per running request, with a tree
+memo), what each request's last allocation covered (to catch a scheduler
+that did not advance ``num_computed_tokens``), and the prefix-cache
+statistics.  The scheduler loop it expects is documented in docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -18,13 +22,19 @@ from collections.abc import Sequence
 import attrs
 
 from kvstate.engine import Engine
-from kvstate.events_block import BlockHold, BlockRelease
-from kvstate.state import ROOT
-from kvstate.vllm import sliding_window as swa
+from kvstate.planner.alloc import cdiv
+from kvstate.planner.block import (
+    plan_allocate_slots,
+    plan_cache_blocks,
+    plan_free_request,
+    plan_remove_skipped,
+)
+from kvstate.planner.block_hits import Running, blocks_to_allocate, cached_prefix
 from kvstate.vllm.block_pool import BlockPool, KVCacheBlock
 from kvstate.vllm.hashing import HashAlgo
 from kvstate.vllm.kv_events import BlockStored, KVCacheEvent
 from kvstate.vllm.request import Request
+from kvstate.vllm.stats import PrefixCacheStats
 
 
 @attrs.frozen
@@ -46,24 +56,21 @@ class KVCacheBlocks:
 EMPTY_BLOCKS = KVCacheBlocks(((),))
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class KVCacheManager:
     """vLLM's ``KVCacheManager`` for one KV-cache group, deciding exactly as 0.33 does."""
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool = True, sliding_window: int | None = None,
                  enable_kv_cache_events: bool = False, hash_algo: HashAlgo = "sha256_cbor",
-                 hash_seed: str | int | None = None, *, keep_events: bool = True,
-                 engine: Engine | None = None) -> None:
+                 hash_seed: str | int | None = None, *, log_stats: bool = False,
+                 keep_events: bool = True, engine: Engine | None = None) -> None:
         if sliding_window is not None and (isinstance(sliding_window, bool)
                                            or not isinstance(sliding_window, int)
                                            or sliding_window < 2):
             raise ValueError(f"sliding_window must be an int >= 2 or None, got {sliding_window!r}")
-        if max_model_len <= 0:
-            raise ValueError(f"max_model_len must be positive, got {max_model_len}")
+        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) \
+                or max_model_len <= 0:
+            raise ValueError(f"max_model_len must be a positive int, got {max_model_len!r}")
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -71,26 +78,30 @@ class KVCacheManager:
         self.enable_kv_cache_events = enable_kv_cache_events
         self.hash_algo: HashAlgo = hash_algo
         self.hash_seed = hash_seed
+        self.log_stats = log_stats
         self.block_pool = BlockPool(num_blocks, enable_caching, block_size, enable_kv_cache_events,
                                     hash_seed=hash_seed, hash_algo=hash_algo,
-                                    max_blocks_per_request=_cdiv(max_model_len, block_size) + 1,
+                                    max_blocks_per_request=cdiv(max_model_len, block_size) + 1,
                                     keep_events=keep_events, engine=engine)
         self.engine = self.block_pool.engine
-        self.num_cached_block: dict[str, int] = {}
-        self._paths: dict[str, list[int]] = {}
+        self.running: dict[str, Running] = {}  # vLLM's num_cached_block (+ tree memo)
+        self._covered: dict[str, int] = {}  # verified tokens the last allocation gave slots to
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.empty_kv_cache_blocks = EMPTY_BLOCKS
         self.kv_cache_spec_kind = "full_attention" if sliding_window is None else "sliding_window"
 
     # -- reading ------------------------------------------------------------------
     @property
     def usage(self) -> float:
+        """The pool's usage (see ``BlockPool.get_usage``).  Commits nothing."""
         return self.block_pool.get_usage()
 
     def _table(self, request_id: str) -> Sequence[int]:
-        record = self.engine.state.requests.get(request_id)
+        record = self.engine.view.requests.get(request_id)
         return () if record is None else record.pages
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's block table as block views (null blocks included).  Commits nothing."""
         blocks = self.block_pool.blocks
         table = self._table(request_id)
         if not table:
@@ -98,189 +109,180 @@ class KVCacheManager:
         return KVCacheBlocks((tuple(blocks[page] for page in table),))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table as ids, per group (0: null block).  Commits nothing."""
         return (list(self._table(request_id)),)
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        """Whether ``get_computed_blocks`` looks the request up at all.  Commits nothing."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
         """``(hit blocks, hit tokens, 0)``: the longest cached prefix, at most ``num_tokens - 1``.
 
-        No side effects (nothing is touched); the third value is vLLM 0.33's
-        shared-prefix boundary, always 0 for one group.
+        Commits nothing (nothing is touched); the third value is vLLM 0.33's
+        shared-prefix boundary, always 0 for one group.  Statistics are recorded
+        separately, at admission (``record_prefix_cache_stats``).
         """
         self._check_request(request)
-        if not self.enable_caching or request.skip_reading_prefix_cache:
+        if not self.prefix_cache_lookup_enabled(request):
             return EMPTY_BLOCKS, 0, 0
         max_blocks = (request.num_tokens - 1) // self.block_size
-        cached = self._cached_copies(request, max_blocks)
-        blocks = self.block_pool.blocks
-        if self.sliding_window is None:
-            hit: list[KVCacheBlock] = []
-            for page in cached:
-                if page is None:
-                    break
-                hit.append(blocks[page])
-        else:
-            found = swa.longest_window_hit(cached, self.sliding_window, self.block_size, 0)
-            hit = [blocks[page] for page in found]
-        if not hit:
+        pages = cached_prefix(self.engine.view, request, max_blocks, self.sliding_window)
+        if not pages:
             return EMPTY_BLOCKS, 0, 0
-        return KVCacheBlocks((tuple(hit),)), len(hit) * self.block_size, 0
+        blocks = self.block_pool.blocks
+        return KVCacheBlocks((tuple(blocks[page] for page in pages),)), len(pages) * self.block_size, 0
 
-    def _cached_copies(self, request: Request, max_blocks: int) -> list[int | None]:
-        """First cached copy of each of the request's first ``max_blocks`` blocks (None: miss)."""
-        nodes = self.engine.state.nodes
-        keys = request.block_keys
-        out: list[int | None] = []
-        current = nodes[ROOT]
-        for position in range(min(max_blocks, len(keys))):
-            child = current.children.get(keys[position])
-            if child is None:
-                break
-            current = nodes[child]
-            if current.pages:
-                out.append(current.pages[0])
-            elif self.sliding_window is None:
-                break
-            else:
-                out.append(None)
-        if self.sliding_window is not None:
-            out.extend([None] * (max_blocks - len(out)))
-        return out
-
-    # -- allocation -------------------------------------------------------------------
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[KVCacheBlock],
                                    total_computed_tokens: int) -> int:
-        """How many free blocks the next allocation consumes (vLLM's predictor, exact)."""
-        required = _cdiv(num_tokens, self.block_size)
-        num_req_blocks = len(self._table(request_id))
-        if request_id in self.num_cached_block:
-            if new_computed_blocks:
-                raise ValueError(f"running request {request_id!r} cannot take new prefix hits")
-            return max(required - num_req_blocks, 0)
-        skipped_blocks = self._skipped_tokens(total_computed_tokens) // self.block_size
-        local_blocks = len(new_computed_blocks) + num_req_blocks
-        new_blocks = max(required - max(skipped_blocks, local_blocks), 0)
-        skip_new = max(0, skipped_blocks - num_req_blocks)
-        holders = self.engine.state.holders
-        evictable = sum(1 for block in new_computed_blocks[skip_new:]
-                        if block.block_id != 0 and block.block_id not in holders)
-        return new_blocks + evictable
+        """How many free blocks the next allocation consumes (vLLM's predictor, exact).
 
-    def _skipped_tokens(self, num_computed_tokens: int) -> int:
-        if self.sliding_window is None:
-            return 0
-        return swa.num_skipped_tokens(self.sliding_window, num_computed_tokens)
+        Commits nothing.
+        """
+        hits = [block.block_id for block in new_computed_blocks]
+        return blocks_to_allocate(self.engine.view, request_id, request_id in self.running,
+                                  num_tokens, hits, total_computed_tokens, self.sliding_window)
 
+    # -- statistics ---------------------------------------------------------------------
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Count an admitted request's lookup (vLLM's scheduler calls this once per admission).
+
+        Nothing is counted without ``log_stats`` or when the request skipped
+        the lookup (caching off, ``skip_reading_prefix_cache``).  Commits nothing.
+        """
+        if self.prefix_cache_stats is None or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The counters since the last call (then a fresh set starts); None without ``log_stats``.
+
+        Commits nothing.
+        """
+        if self.prefix_cache_stats is None:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    # -- allocation -------------------------------------------------------------------
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: KVCacheBlocks | None = None,
                        num_lookahead_tokens: int = 0) -> KVCacheBlocks | None:
         """Give the request slots for its new tokens; None (and no allocation) when short.
 
-        As vLLM 0.33: out-of-window blocks are freed first (and stay freed on
-        failure), then the capacity check, then the hits are touched and
-        padded, new blocks are taken from the queue head, and the full blocks
-        up to ``min(computed + new, num_tokens)`` are cached.  Returns the
-        newly allocated blocks.
+        Commits, in vLLM 0.33's order: ``BlockRelease`` of out-of-window blocks
+        (sliding window; it stays even when the call returns None), then, if
+        the pool has room, ``ReqAlloc`` + ``BlockHold`` (the hits, nulls before
+        them), ``BlockUncache`` + ``BlockAlloc`` (new blocks from the queue
+        head) and ``BlockCache`` (full blocks up to ``min(computed + new,
+        num_tokens)``).  Returns the newly allocated blocks.  Bad arguments
+        raise ``ValueError`` / ``TypeError`` with nothing changed, among them
+        a call past ``max_model_len`` and a call whose ``num_computed_tokens``
+        the scheduler did not advance (vLLM 0.33 allocates nothing for those
+        tokens and carries on silently; see docs/vllm.md).
         """
         self._check_request(request)
+        counts = (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                  request.num_computed_tokens, request.num_in_flight_tokens)
+        for value in counts:
+            if type(value) is not int or value < 0:  # exact int: a bool or float is refused
+                _bad_count(counts)
         if num_new_tokens == 0 and num_new_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "computed tokens to adopt")
-        if num_new_tokens < 0 or num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
-            raise ValueError("token counts must be non-negative")
         request_id = request.request_id
-        hits: tuple[KVCacheBlock, ...] = ()
-        if new_computed_blocks is not None:
-            hits = new_computed_blocks.blocks[0]
-        num_local = request.num_computed_tokens + num_new_computed_tokens
-        total_computed = min(num_local, self.max_model_len)
-        num_tokens_main = total_computed + num_new_tokens
-        need_slots = min(num_tokens_main + num_lookahead_tokens, self.max_model_len)
-        if self.sliding_window is not None:
-            self.remove_skipped_blocks(request_id,
-                                       max(0, total_computed - request.num_in_flight_tokens))
-        needed = self.get_num_blocks_to_allocate(request_id, need_slots, hits, num_local)
-        if needed > self.block_pool.get_num_free_blocks():
-            return None
+        hits: list[int] | None = None
         if new_computed_blocks is not None and new_computed_blocks is not EMPTY_BLOCKS:
-            self._add_computed_blocks(request_id, hits, num_local)
-        new_blocks = self._allocate_new_blocks(request_id, need_slots)
-        if self.enable_caching:
-            self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
-        return KVCacheBlocks((tuple(new_blocks),)) if new_blocks else EMPTY_BLOCKS
-
-    def _add_computed_blocks(self, request_id: str, hits: Sequence[KVCacheBlock],
-                             num_local_computed_tokens: int) -> None:
-        if request_id in self.num_cached_block:
-            if hits:
-                raise ValueError(f"running request {request_id!r} cannot take new prefix hits")
-            return
-        if self._table(request_id):
-            raise ValueError(f"request {request_id!r} already has blocks")
-        skipped = self._skipped_tokens(num_local_computed_tokens) // self.block_size
-        kept = [block.block_id for block in hits[skipped:]]
-        if not self.enable_caching and kept:
-            raise ValueError("computed blocks must be empty when prefix caching is disabled")
-        pages = (0,) * skipped + tuple(kept)
-        if pages:
-            self.block_pool.open_request(request_id)
-            self.engine.apply(BlockHold(request_id, pages))
-        self.num_cached_block[request_id] = len(pages)
-
-    def _allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-        count = _cdiv(num_tokens, self.block_size) - len(self._table(request_id))
-        if count <= 0:
-            return []
-        self.block_pool.open_request(request_id)
-        return self.block_pool._allocate(request_id, count)
+            hits = self.block_pool.ids_of(new_computed_blocks.blocks[0], keep_null=True)
+        running = self.running.get(request_id)
+        if running is not None and hits:
+            raise ValueError(f"running request {request_id!r} cannot take new prefix hits")
+        if len(hits or ()) * self.block_size != num_new_computed_tokens:
+            raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} is not the "
+                             f"{len(hits or ())} hit blocks' tokens")
+        num_local = request.num_computed_tokens + num_new_computed_tokens
+        if num_local + num_new_tokens > self.max_model_len:
+            raise ValueError(f"request {request_id!r} would reach {num_local + num_new_tokens} "
+                             f"tokens, past max_model_len={self.max_model_len}")
+        covered = self._covered.get(request_id, 0)
+        if request.num_computed_tokens < covered:
+            raise ValueError(
+                f"request {request_id!r}: num_computed_tokens={request.num_computed_tokens} but its "
+                f"last allocate_slots gave {covered} tokens slots; the scheduler advances "
+                "num_computed_tokens by num_new_tokens after each scheduled step (docs/vllm.md)")
+        with self.block_pool.offer_hashes(request), self.engine.batch() as b:
+            done = plan_allocate_slots(
+                b, request_id, request, running, hits, num_local=num_local,
+                need_slots=min(num_local + num_new_tokens + num_lookahead_tokens,
+                               self.max_model_len),
+                cache_upto=min(num_local + num_new_tokens, request.num_tokens),
+                remove_upto=max(0, num_local - request.num_in_flight_tokens),
+                window=self.sliding_window, caching=self.enable_caching)
+        if done is None:
+            return None
+        if done.running is not None:
+            self.running[request_id] = done.running
+        self._covered[request_id] = min(num_local + num_new_tokens, request.num_tokens)
+        if not done.new_pages:
+            return EMPTY_BLOCKS
+        blocks = self.block_pool.blocks
+        return KVCacheBlocks((tuple(blocks[page] for page in done.new_pages),))
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Cache the request's full blocks up to ``num_tokens`` (vLLM's ``cache_blocks``)."""
+        """Cache the request's full blocks up to ``num_tokens`` (vLLM's ``cache_blocks``).
+
+        Commits one ``BlockCache`` when there is a new full block.
+        """
         request_id = request.request_id
-        num_cached = self.num_cached_block.get(request_id, 0)
-        num_full = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
-        if num_cached >= num_full:
-            return
-        table = self._table(request_id)
-        if len(table) < num_full:
-            raise ValueError(f"request {request_id!r} has {len(table)} blocks, fewer than "
-                             f"{num_full} full blocks to cache")
-        path = self._paths.setdefault(request_id, [])
-        self.block_pool._cache(request, list(table[num_cached:num_full]), num_cached, num_full,
-                               path)
-        self.num_cached_block[request_id] = num_full
+        with self.block_pool.offer_hashes(request), self.engine.batch() as b:
+            running = plan_cache_blocks(b, request_id, request, self.running.get(request_id),
+                                        num_tokens)
+        if running is not None:
+            self.running[request_id] = running
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        """Replace out-of-window blocks with the null block and free them (highest index first)."""
-        if self.sliding_window is None:
-            return
-        table = self._table(request_id)
-        indices = swa.skipped_block_indices(table, self.sliding_window, self.block_size,
-                                            num_computed_tokens, lambda page: page == 0)
-        if indices:
-            self.engine.apply(BlockRelease(request_id, tuple(table[i] for i in indices),
-                                           self.enable_caching))
+        """Replace out-of-window blocks with the null block and free them, highest index first.
+
+        Commits ``BlockRelease`` (sliding window only).
+        """
+        with self.engine.batch() as b:
+            plan_remove_skipped(b, request_id, num_computed_tokens, window=self.sliding_window,
+                                caching=self.enable_caching)
 
     # -- release ------------------------------------------------------------------------
     def free(self, request: Request | str) -> None:
-        """Free the request's blocks in reverse order (tail blocks evicted first) and forget it."""
+        """Free the request's blocks in reverse order (tail blocks evicted first) and forget it.
+
+        Commits ``BlockRelease`` closing the request's table (when it has one).
+        """
         request_id = request if isinstance(request, str) else request.request_id
-        table = self._table(request_id)
-        if request_id in self.engine.state.requests:
-            pages = tuple(page for page in reversed(table) if page != 0)
-            self.engine.apply(BlockRelease(request_id, pages, self.enable_caching, True))
-        self.num_cached_block.pop(request_id, None)
-        self._paths.pop(request_id, None)
+        with self.engine.batch() as b:
+            plan_free_request(b, request_id, caching=self.enable_caching)
+        self.running.pop(request_id, None)
+        self._covered.pop(request_id, None)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
+        """Uncache the given blocks; commits ``BlockUncache`` (see ``BlockPool.evict_blocks``)."""
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
+        """Drop the whole prefix cache (commits ``BlockClear``) when no block is in use.
+
+        A success marks the current statistics ``reset``.
+        """
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
 
     def take_events(self) -> list[KVCacheEvent]:
-        """Drain the pool's events, annotating each ``BlockStored`` with the group's spec."""
+        """Drain the pool's events, annotating each ``BlockStored`` with the group's spec.
+
+        Commits nothing.
+        """
         events = self.block_pool.take_events()
         out: list[KVCacheEvent] = []
         for event in events:
@@ -296,3 +298,11 @@ class KVCacheManager:
                              f"manager's {self.block_size}")
         if request.hash_seed != self.hash_seed or request.hash_algo != self.hash_algo:
             raise ValueError("request hash_seed/hash_algo differ from the manager's")
+
+
+def _bad_count(counts: tuple[object, ...]) -> None:
+    names = ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens",
+             "request.num_computed_tokens", "request.num_in_flight_tokens")
+    for name, value in zip(names, counts, strict=True):
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")

@@ -2,12 +2,18 @@
 
 The front end's stand-in for ``vllm.v1.request.Request``, reduced to what the
 KV-cache manager reads.  It owns (and mutates, through
-:meth:`Request.append_output_token_ids` and the scheduler-set
-``num_computed_tokens``) its token list, and keeps ``block_hashes`` current:
+:meth:`Request.append_output_token_ids`) its token list; the scheduler owns
+and sets ``num_computed_tokens``, ``num_in_flight_tokens`` and
+``num_preemptions`` (docs/vllm.md, "The scheduler loop").  It keeps
+``block_hashes`` current:
 every full block is hashed eagerly, chained as vLLM 0.33 does, with the
 request's tagged extra keys.  Alongside the hashes it keeps each full block's
 tokens and extra keys (``block_keys``), which are what the prefix tree is
 keyed by: a 64-bit or even 256-bit hash is never the identity on its own.
+
+Everything a request carries into core events is checked here, at the API
+boundary: token ids are ints in ``0..2**63-1`` (the int64 the core's events
+and vLLM's tensors hold), names are strings of at most ``MAX_NAME_CHARS``.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from kvstate.events import MAX_ID, MAX_NAME_CHARS
 from kvstate.state import block_child_key
 from kvstate.vllm.hashing import (
     HashAlgo,
@@ -52,6 +59,10 @@ class Request:
             raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        for label, name in (("request_id", request_id), ("lora_name", lora_name),
+                            ("lora_path", lora_path), ("cache_salt", cache_salt),
+                            *(("mm identifier", span.identifier) for span in mm_spans)):
+            _check_name(label, name)
         self.request_id = request_id
         self.block_size = block_size
         self.hash_seed = hash_seed
@@ -66,8 +77,9 @@ class Request:
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.output_token_ids: list[int] = []
-        self.num_computed_tokens = 0
-        self.num_in_flight_tokens = 0
+        self.num_computed_tokens = 0  # set by the scheduler
+        self.num_in_flight_tokens = 0  # set by the scheduler (async scheduling)
+        self.num_preemptions = 0  # set by the scheduler; read by prefix-cache statistics
         self.block_hashes: list[bytes] = []
         self.block_extra_keys: list[tuple[Any, ...] | None] = []
         self.block_keys: list[tuple[Any, ...]] = []  # prefix-tree child keys of full blocks
@@ -83,7 +95,7 @@ class Request:
         return len(self.output_token_ids)
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
-        """Append sampled tokens and hash any block they complete (mutates)."""
+        """Append sampled tokens and hash any block they complete (mutates; commits nothing)."""
         new = [_token(token_ids)] if isinstance(token_ids, int) else _tokens(token_ids)
         self.output_token_ids.extend(new)
         self.all_token_ids.extend(new)
@@ -120,8 +132,12 @@ class Request:
 
 
 def _tokens(values: Iterable[Any]) -> list[int]:
+    """``values`` as a list of token ids; ``TypeError`` / ``ValueError`` (nothing kept) if not."""
     tokens = list(values)
-    if all(type(token) is int for token in tokens):  # the common case, no per-item call
+    if all(type(token) is int for token in tokens):  # the common case: C-speed checks only
+        if tokens and (min(tokens) < 0 or max(tokens) > MAX_ID):
+            for token in tokens:
+                _token(token)
         return tokens
     return [_token(token) for token in tokens]
 
@@ -129,4 +145,15 @@ def _tokens(values: Iterable[Any]) -> list[int]:
 def _token(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"token ids must be ints, got {value!r}")
+    if not 0 <= value <= MAX_ID:
+        raise ValueError(f"token id {value} is outside 0..2**63-1 (int64)")
     return value
+
+
+def _check_name(label: str, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"{label} must be a str, got {type(value).__name__}")
+    if len(value) > MAX_NAME_CHARS:
+        raise ValueError(f"{label} is {len(value)} characters, more than {MAX_NAME_CHARS}")

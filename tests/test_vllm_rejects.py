@@ -1,0 +1,155 @@
+"""A rejected vLLM front-end call leaves everything exactly as it was (hardening issue).
+
+Each test snapshots the core state's fingerprint and sequence number and the
+manager's own bookkeeping, makes a call that must be refused, and checks
+that nothing moved: no event was committed, no request was opened, no
+cursor changed.  The first three failed on the pre-port front end (it
+allocated, or opened the request, before raising; it accepted token ids
+outside int64, which broke ``fingerprint()`` later).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvstate.invariants import check
+from kvstate.vllm.manager import KVCacheBlocks, KVCacheManager
+from kvstate.vllm.request import Request
+from tests.vllm_helpers import admit, ids
+
+BS = 4
+
+
+def snapshot(manager: KVCacheManager) -> tuple[Any, ...]:
+    engine = manager.engine
+    return (engine.view.fingerprint(), engine.seq, len(engine.events), dict(manager.running),
+            dict(manager._covered), manager.block_pool.free_block_ids())
+
+
+def test_allocate_past_max_model_len_is_rejected_before_any_allocation() -> None:
+    manager = KVCacheManager(10, BS, 8)
+    request = Request("a", list(range(20)), BS)
+    before = snapshot(manager)
+    with pytest.raises(ValueError, match="past max_model_len=8"):
+        manager.allocate_slots(request, 20)
+    assert snapshot(manager) == before and "a" not in manager.engine.view.requests
+    # At the limit exactly it is fine, and one token more is refused the same way.
+    assert ids(admit(manager, Request("b", list(range(8)), BS))[2]) == [1, 2]
+    grown = Request("c", list(range(8)), BS)
+    admit(manager, grown)
+    grown.append_output_token_ids(1)
+    before = snapshot(manager)
+    with pytest.raises(ValueError, match="would reach 9 tokens"):
+        manager.allocate_slots(grown, 1)
+    assert snapshot(manager) == before
+
+
+def _cached_pair(manager: KVCacheManager) -> KVCacheBlocks:
+    """Cache two blocks of ``range(9)`` and return the hit a second such request gets."""
+    admit(manager, Request("owner", list(range(9)), BS))
+    blocks, hit, _ = manager.get_computed_blocks(Request("probe", list(range(9)), BS))
+    assert hit == 8
+    return blocks
+
+
+@pytest.mark.parametrize("case", ["duplicate", "not cached", "other tokens", "count", "running"])
+def test_bad_new_computed_blocks_leave_no_trace(case: str) -> None:
+    manager = KVCacheManager(12, BS, 64)
+    hits = _cached_pair(manager)
+    pool = manager.block_pool
+    first, second = hits.blocks[0]
+    request = Request("r", list(range(9)), BS)
+    count = 8
+    if case == "duplicate":
+        hits = KVCacheBlocks(((first, first),))
+    elif case == "not cached":
+        hits = KVCacheBlocks(((pool.blocks[9], second),))
+    elif case == "other tokens":
+        hits = KVCacheBlocks(((second, first),))
+    elif case == "count":
+        count = 4
+    else:
+        admit(manager, request)
+        request.append_output_token_ids(3)
+        count = 8
+    before = snapshot(manager)
+    with pytest.raises(ValueError):
+        manager.allocate_slots(request, 1, count, hits)
+    assert snapshot(manager) == before
+    if case != "running":
+        assert "r" not in manager.engine.view.requests  # the pre-port code left it open
+    assert check(manager.engine.view) == []
+
+
+@pytest.mark.parametrize("bad", [2**64, 2**63, -1])
+def test_token_ids_outside_int64_are_rejected_at_the_boundary(bad: int) -> None:
+    with pytest.raises(ValueError, match="outside 0..2\\*\\*63-1"):
+        Request("a", [1, bad, 2], BS)
+    request = Request("b", [1, 2, 3], BS)
+    with pytest.raises(ValueError, match="int64"):
+        request.append_output_token_ids([4, bad])
+    with pytest.raises(ValueError, match="int64"):
+        request.append_output_token_ids(bad)
+    assert request.all_token_ids == [1, 2, 3] and request.block_hashes == []
+    # The largest int64 is a token id like any other; the state still fingerprints.
+    manager = KVCacheManager(6, BS, 64)
+    admit(manager, Request("c", [2**63 - 1] * 9, BS))
+    assert len(manager.engine.state.fingerprint()) == 16
+
+
+@pytest.mark.parametrize("bad", ["x", 1.0, True, None])
+def test_non_int_token_ids_are_rejected(bad: Any) -> None:
+    with pytest.raises(TypeError, match="token ids must be ints"):
+        Request("a", [1, bad], BS)
+    request = Request("b", [1], BS)
+    with pytest.raises(TypeError, match="token ids must be ints"):
+        request.append_output_token_ids([bad])
+    assert request.all_token_ids == [1]
+
+
+def test_overlong_names_are_rejected_at_the_boundary() -> None:
+    with pytest.raises(ValueError, match="cache_salt is 5000 characters"):
+        Request("a", [1], BS, cache_salt="s" * 5000)
+    with pytest.raises(TypeError, match="lora_name must be a str"):
+        Request("a", [1], BS, lora_name=7)  # type: ignore[arg-type]
+
+
+def test_a_scheduler_that_does_not_advance_num_computed_tokens_gets_an_error() -> None:
+    """vLLM 0.33 returns no new blocks and carries on: the new tokens never get slots.
+
+    (Checked against vLLM 0.33: six such decode calls on a 6-token request keep
+    its table at two blocks while its tokens grow to 12.)
+    """
+    manager = KVCacheManager(10, BS, 64)
+    request = Request("a", list(range(6)), BS)
+    blocks, hit, _ = manager.get_computed_blocks(request)
+    assert ids(manager.allocate_slots(request, 6, hit, blocks)) == [1, 2]
+    request.append_output_token_ids(7)  # ... but num_computed_tokens stays 0
+    before = snapshot(manager)
+    with pytest.raises(ValueError, match="num_computed_tokens=0 but its last allocate_slots"):
+        manager.allocate_slots(request, 1)
+    assert snapshot(manager) == before
+    request.num_computed_tokens = 6  # the scheduler's update after the step
+    assert ids(manager.allocate_slots(request, 1)) == []  # token 7 fits block 2
+    # A preempted request starts again from 0 once freed.
+    manager.free(request)
+    request.num_computed_tokens = 0
+    assert admit(manager, request)[1] == 4
+
+
+def test_refused_allocation_keeps_only_the_window_release() -> None:
+    """vLLM frees out-of-window blocks before its capacity check; a refusal keeps that."""
+    manager = KVCacheManager(6, BS, 64, sliding_window=5)
+    request = Request("w", list(range(8)), BS)
+    assert ids(admit(manager, request)[2]) == [1, 2]
+    assert ids(admit(manager, Request("x", list(range(50, 62)), BS))[2]) == [3, 4, 5]
+    request.append_output_token_ids(1)
+    events = len(manager.engine.events)
+    # Block 0's 4 tokens fall out of the window; 3 more blocks for 8 lookahead tokens do not fit.
+    assert manager.allocate_slots(request, 1, num_lookahead_tokens=8) is None
+    assert manager.get_block_ids("w")[0] == [0, 2]
+    assert len(manager.engine.events) == events + 1
+    assert manager.block_pool.free_block_ids() == [1]
+    assert check(manager.engine.view) == []
