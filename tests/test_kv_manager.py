@@ -337,7 +337,7 @@ def test_copy_on_write_keeps_other_holders_unchanged():
 
 
 def test_freed_prefix_stays_reusable_then_is_evicted_lru():
-    from kvstate.kv_manager.prefix import prefix_code
+    from kvstate.planner.kv_layout import prefix_code
 
     manager = paged(8)
     manager.enable_prefix_cache()
@@ -425,7 +425,7 @@ def test_a_budget_below_one_page_holds_nothing():
 
 def test_a_recorded_run_replays_clean(tmp_path):
     from kvstate.log.recorder import Recorder
-    from kvstate.log.replay import replay_path
+    from kvstate.replay import replay_path
 
     manager = paged(16)
     path = tmp_path / "kv.log"

@@ -51,7 +51,7 @@ from kvstate import ModelConfig
 from kvstate.errors import OutOfMemory
 from kvstate.events import Append, Share
 from kvstate.kv_manager import KVCacheManager
-from kvstate.kv_manager.names import anchor_name, layer_name
+from kvstate.planner.kv_layout import anchor_name, layer_name
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces" / "azure_llm_inference_2023"
@@ -90,7 +90,7 @@ def prefill(manager: KVCacheManager, request_id: str, prompt: int) -> None:
         return
     engine, table = manager.engine, layer_name(request_id, 0)
     if manager.mode == "basic":
-        slots = list(engine.state.requests[anchor_name(request_id)].pages[:prompt])
+        slots = list(engine.view.requests[anchor_name(request_id)].pages[:prompt])
         engine.apply(Share(table, 0, tuple(slots)))
     engine.apply(Append(((table, prompt),)))
 

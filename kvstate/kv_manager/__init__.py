@@ -1,6 +1,10 @@
-"""Seed 002's ``KVCacheManager`` on the event-sourced core (see ``manager.py``)."""
+"""Seed 002's ``KVCacheManager`` on the event-sourced core (see ``manager.py``).
 
-from kvstate.kv_manager.errors import ModeError, ReservationExceeded
+The decisions live in ``kvstate.planner.kv_manager``; this package keeps the
+seed's API, its errors, its argument checks and the K/V values.
+"""
+
+from kvstate.kv_manager.errors import BufferAllocationError, ModeError, ReservationExceeded
 from kvstate.kv_manager.manager import KVCacheManager
 
-__all__ = ["KVCacheManager", "ModeError", "ReservationExceeded"]
+__all__ = ["BufferAllocationError", "KVCacheManager", "ModeError", "ReservationExceeded"]

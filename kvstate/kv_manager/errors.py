@@ -1,8 +1,9 @@
 """Errors of the seed-002 manager (beyond ``KeyError``/``ValueError``/``TypeError``).
 
-``ReservationExceeded`` is an ``OutOfMemory`` (a ``MemoryError``): a basic-mode
-request wrote every token it reserved and asked for one more.  Nothing is
-changed when it is raised.
+Every error the manager raises leaves the core state and the stored values
+exactly as they were.  ``ReservationExceeded`` and ``BufferAllocationError``
+are ``OutOfMemory`` errors (``MemoryError``s): capacity conditions, not
+mistakes by the caller.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ class ReservationExceeded(OutOfMemory):
         self.args = (f"request {request_id!r} layer {layer} already stores all {reserved} "
                      f"reserved tokens (prompt_tokens + max_gen_tokens); allocate a larger "
                      f"reservation or use paged mode",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class BufferAllocationError(OutOfMemory):
+    """The value buffers for the budget could not be allocated (at the first append)."""
+
+    def __init__(self, nbytes: int, device: str, cause: BaseException) -> None:
+        self.nbytes = nbytes
+        self.device = device
+        super().__init__(nbytes, 0, f"bytes of K/V buffers on {device}")
+        self.args = (f"could not allocate {nbytes} bytes of K/V buffers on {device} for "
+                     f"max_gpu_memory_bytes: {cause}",)
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -23,6 +23,10 @@ from kvstate.state import Geometry
 
 BASIC = "basic"
 PAGED = "paged"
+# The most pages (basic mode: tokens) a manager tracks.  Attention kernels index
+# pages with int32 (FlashInfer, vLLM block tables), and the core lists every page
+# it hands out, so a budget past this is a mistake, not a bigger cache.
+MAX_PAGES = 2**31 - 1
 
 
 def check_mode(mode: str | None) -> str | None:
@@ -30,6 +34,13 @@ def check_mode(mode: str | None) -> str | None:
     if mode is not None and mode not in (BASIC, PAGED):
         raise ValueError(f"mode must be 'basic', 'paged' or None, got {mode!r}")
     return mode
+
+
+def check_capacity(max_tokens: int, max_pages: int) -> None:
+    """``ValueError`` if either mode would track more than ``MAX_PAGES`` pages."""
+    if max(max_tokens, max_pages) > MAX_PAGES:
+        raise ValueError(f"the budget holds {max_tokens} tokens ({max_pages} one-layer pages); "
+                         f"a manager tracks at most {MAX_PAGES} pages (int32 page ids)")
 
 
 def mode_capacity(mode: str, max_tokens: int, max_pages: int) -> int:

@@ -1,7 +1,8 @@
 """Read-only derivations for ``stats()`` and ``memory_efficiency()``.  Pure.
 
 Everything is computed from the core state on each call (no counters kept
-in the manager):
+in the manager).  Each function takes a frozen ``State`` or the engine's live
+view (the manager passes ``engine.view``: no freeze on the read path).
 
 * active requests: the anchors ``req/<id>``;
 * cached tokens: a token counts once, when its layer-0 entry exists, i.e.
@@ -22,28 +23,47 @@ over *all* layers, and physically (a shared page counts once):
 
 from __future__ import annotations
 
-from kvstate.kv_manager.names import anchor_name, layer_name, parse_layer_name, seed_id
-from kvstate.kv_manager.prefix import layer_pages, prefix_tokens_of
-from kvstate.state import ROOT, State
+from typing import Any
+
+from kvstate.planner.kv_layout import (
+    layer_name,
+    layer_pages,
+    parse_layer_name,
+    prefix_tokens_of,
+    seed_id,
+)
+from kvstate.state import ROOT
 
 
-def active_request_ids(state: State) -> list[str]:
+def active_request_ids(state: Any) -> list[str]:
     """Seed ids of the active requests (anchor order of the state's map)."""
     return [name for name in (seed_id(r) for r in state.requests.keys()) if name is not None]
 
 
-def cached_tokens(state: State) -> int:
+def cached_tokens(state: Any) -> int:
     requests = state.requests
     return sum(requests[layer_name(request_id, 0)].committed
                for request_id in active_request_ids(state))
 
 
-def used_pages(state: State) -> int:
+def used_pages(state: Any) -> int:
     """Pages not on the free list (a zero-capacity geometry's lone page stays free)."""
     return state.geometry.num_pages - len(state.free_pages)
 
 
-def basic_efficiency(state: State, num_layers: int) -> float:
+def seed_stats(state: Any, sized: bool, bytes_per_page: int, total: int) -> dict[str, int | float]:
+    """``stats()``: the seed's five keys, in its order (``sized``: the mode is chosen)."""
+    used = used_pages(state) * bytes_per_page if sized else 0
+    return {
+        "total_memory_bytes": total,
+        "used_memory_bytes": used,
+        "num_active_requests": len(active_request_ids(state)),
+        "total_cached_tokens": cached_tokens(state),
+        "utilization_pct": used / total * 100.0 if total else 0.0,
+    }
+
+
+def basic_efficiency(state: Any, num_layers: int) -> float:
     stored = reserved = 0
     for core_id, record in state.requests.items():
         if seed_id(core_id) is not None:
@@ -53,7 +73,7 @@ def basic_efficiency(state: State, num_layers: int) -> float:
     return stored / reserved if reserved else 0.0
 
 
-def paged_efficiency(state: State, num_layers: int) -> float:
+def paged_efficiency(state: Any, num_layers: int) -> float:
     size = state.geometry.page_size
     allocated = used_pages(state)
     if allocated == 0:
@@ -76,7 +96,3 @@ def paged_efficiency(state: State, num_layers: int) -> float:
                 if count > filled.get(page, 0):
                     filled[page] = count
     return sum(filled.values()) / (allocated * size)
-
-
-def is_active(state: State, request_id: str) -> bool:
-    return anchor_name(request_id) in state.requests

@@ -228,13 +228,40 @@ def scatter(s: Any, event: Scatter) -> None:
     """One-slot writes to distinct requests; every item is checked before any is written."""
     check_distinct([request_id for request_id, _, _ in event.items], "request")
     writes = []
+    requests = s.requests
     for request_id, position, slot in event.items:
-        check_request(s, request_id)
-        write = _plan_write(s, request_id, position, (slot,), s.requests[request_id])
+        record = requests.get(request_id)
+        if record is None:
+            raise Reject(f"unknown request {request_id!r}")
+        write = _append_one(s, request_id, position, slot, record)
+        if write is None:
+            write = _plan_write(s, request_id, position, (slot,), record)
         if write is not None:
             writes.append((request_id, write))
     for request_id, write in writes:
         _do_write(s, request_id, write)
+
+
+def _append_one(s: Any, request_id: RequestId, position: int, slot: int,
+                record: Any) -> _Write | None:
+    """``_plan_write`` of one slot at the end of a row without dangling entries, in the two
+    shapes a decode step has: the next slot of the request's own partial page, or the first
+    slot of a DETACHED page.  ``None`` for anything else (the general check decides)."""
+    size = s.geometry.page_size
+    if (position != record.allocated or record.dangling or slot % size != position % size
+            or position >= s.geometry.row_width):
+        return None
+    index, page = position // size, slot // size
+    pages = record.pages
+    if position % size:
+        if index >= len(pages) or pages[index] != page:
+            return None
+        gained: list[int] = []
+    else:
+        if index != len(pages) or s.holders.get(page) != _DETACHED_HOLD or page in s.page_node:
+            return None
+        gained = [page]
+    return _Write(index, index, [page], position + 1, record.committed, gained, [], [], ())
 
 
 class _Write(NamedTuple):
