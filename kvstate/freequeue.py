@@ -115,6 +115,13 @@ class FreeQueue:
         """The first ``count`` live items (fewer if the queue is shorter)."""
         return list(islice(self, max(count, 0)))
 
+    def missing(self, items: Sequence[int]) -> int | None:
+        """The first of ``items`` that is not queued, or ``None``."""
+        for item in items:
+            if item not in self:
+                return item
+        return None
+
     def push_tail(self, items: Iterable[int]) -> FreeQueue:
         """Append ``items`` in order (the caller guarantees none is queued)."""
         key = self.tail_key
@@ -267,6 +274,18 @@ class LiveQueue:
         if len(out) < count:
             out.extend(islice(self.back, count - len(out)))
         return out
+
+    def missing(self, items: Sequence[int]) -> int | None:
+        """The first of ``items`` that is not queued, or ``None`` (one C-level pass when
+        the items are in the explicit parts or the hole-free range)."""
+        rest = set(items).difference(self.front.keys(), self.back.keys())
+        if rest:
+            lo, hi, holes = self.lo, self.hi, self.holes
+            if min(rest) < lo or max(rest) >= hi or not holes.keys().isdisjoint(rest):
+                for item in items:
+                    if item not in self:
+                        return item
+        return None
 
     def push_tail(self, items: Iterable[int]) -> LiveQueue:
         back = self.back

@@ -14,6 +14,7 @@ O(state); the engine avoids most freezes (``kvstate.engine``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from immutables import Map
@@ -56,7 +57,7 @@ class LiveState:
 
     __slots__ = ("geometry", "seq", "clock", "free_pages", "holders", "page_node", "free_rows",
                  "row_generation", "requests", "nodes", "next_node_id", "evictable_size",
-                 "protected_size", "leaves", "tree_refs", "host", "touched")
+                 "protected_size", "leaves", "tree_refs", "host", "touched", "request_w", "node_w")
 
     geometry: Geometry
     seq: int
@@ -75,6 +76,8 @@ class LiveState:
     tree_refs: dict[int, int]
     host: LiveHost | None
     touched: Touched | None
+    request_w: Callable[[RequestId], MRequest]  # the store's write access (see thaw)
+    node_w: Callable[[int], MNode]
 
     @classmethod
     def thaw(cls, state: State) -> LiveState:
@@ -99,6 +102,10 @@ class LiveState:
         live.tree_refs = dict(state.tree_refs.items())
         live.host = None if state.host is None else LiveHost(state.host)
         live.touched = None
+        # The store's write access is the record itself: bound C lookups, no Python frame
+        # (the dicts are never replaced, so the bindings stay right).
+        live.request_w = live.requests.__getitem__
+        live.node_w = live.nodes.__getitem__
         return live
 
     @classmethod
@@ -140,17 +147,11 @@ class LiveState:
         self.seq += 1
 
     # -- the store interface (kvstate.rules.store) ------------------------------------
-    def request_w(self, request_id: RequestId) -> MRequest:
-        return self.requests[request_id]
-
     def open_request(self, request_id: RequestId) -> None:
         self.requests[request_id] = MRequest([])
 
     def close_request(self, request_id: RequestId) -> None:
         del self.requests[request_id]
-
-    def node_w(self, node_id: int) -> MNode:
-        return self.nodes[node_id]
 
     def add_node(self, node_id: int, node: MNode) -> None:
         self.nodes[node_id] = node
@@ -163,6 +164,9 @@ class LiveState:
 
     def clear(self, name: str) -> None:
         setattr(self, name, {})
+        if name in ("requests", "nodes"):  # keep the write accessors bound to the new dicts
+            self.request_w = self.requests.__getitem__
+            self.node_w = self.nodes.__getitem__
 
     def snapshot(self, name: str) -> Any:
         return getattr(self, name)

@@ -36,10 +36,10 @@ def allocate(s: Any, event: Allocate) -> None:
     pages = event.pages
     check_distinct(pages, "page")
     queue = s.free_pages
-    for page in pages:
-        if page not in queue:
-            check_page_id(s, page)
-            raise Reject(f"page {page} is not free (allocating a taken page)")
+    taken = queue.missing(pages)
+    if taken is not None:
+        check_page_id(s, taken)
+        raise Reject(f"page {taken} is not free (allocating a taken page)")
     holders = s.holders
     if not event.items:
         s.free_pages = queue.take(pages)
