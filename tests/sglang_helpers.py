@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from kvstate.sglang import (
@@ -68,4 +71,14 @@ def decode_one(pool, allocator, req, token):
     return int(slot[0])
 
 
-__all__ = ["Req", "admit", "build", "decode_one", "torch"]
+@contextmanager
+def unchanged(pool) -> Iterator[None]:
+    """The block leaves the shared state (fingerprint) and ``req_to_token`` exactly as they were."""
+    fingerprint = pool.engine.state.fingerprint()
+    table = pool.req_to_token.clone()
+    yield
+    assert pool.engine.state.fingerprint() == fingerprint
+    assert torch.equal(pool.req_to_token, table)
+
+
+__all__ = ["Req", "admit", "build", "decode_one", "torch", "unchanged"]

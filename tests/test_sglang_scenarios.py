@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kvstate import InvalidEvent, check
-from kvstate.planner import plan_evict
+from kvstate.planner import PlanBuilder, plan_evict
 from kvstate.planner.alloc import plan_extend
 from kvstate.sglang import Req
 from tests.sglang_helpers import admit, build, decode_one
@@ -81,11 +81,12 @@ def test_lock_moves_tokens_between_evictable_and_protected():
     _, _, cache = build()
     cache.insert([1, 2, 3])
     _, leaf = cache.match_prefix([1, 2, 3])
-    assert cache.inc_lock_ref(leaf) == -3
+    assert cache.inc_lock_ref(leaf).delta == -3
     assert (cache.evictable_size(), cache.protected_size()) == (0, 3)
-    assert cache.dec_lock_ref(leaf) == 3
+    assert cache.dec_lock_ref(leaf).delta == 3
     assert (cache.evictable_size(), cache.protected_size()) == (3, 0)
-    assert cache.inc_lock_ref(cache.root_node) == 0 and cache.dec_lock_ref(cache.root_node) == 0
+    assert cache.inc_lock_ref(cache.root_node).delta == 0
+    assert cache.dec_lock_ref(cache.root_node).delta == 0
 
 
 # 10
@@ -165,7 +166,7 @@ def test_retract_frees_everything_and_root_unlock_is_a_no_op():
     row = req.req_pool_idx
     allocator.free(pool.req_to_token[row, :4])  # release_kv_cache(is_insert=False)
     pool.free(row)
-    assert cache.dec_lock_ref(req.last_node) == 0  # matched nothing: the root
+    assert cache.dec_lock_ref(req.last_node).delta == 0  # matched nothing: the root
     assert allocator.available_size() == 32 and cache.protected_size() == 0
     valid(cache)
 
@@ -216,8 +217,9 @@ def test_fifo_policy_evicts_oldest_node_regardless_of_access():
     cache.insert([1, 1])
     cache.insert([2, 2])
     cache.match_prefix([1, 1])
-    plan = plan_evict(cache.state, 2, at_head=False, priority=fifo_priority)
-    assert plan.events[0].nodes == (1,)
+    builder = PlanBuilder(cache.state)
+    plan_evict(builder, 2, at_head=False, priority=fifo_priority)
+    assert builder.events[0].nodes == (1,)
 
 
 # 36
@@ -358,7 +360,7 @@ def test_handle_survives_a_later_split_and_unlock_covers_the_prefix():
     cache.inc_lock_ref(leaf)
     cache.match_prefix([1, 2, 9])  # splits the locked node at 2
     assert leaf.key == [3, 4] and leaf.parent.key == [1, 2] and leaf.parent.lock_ref == 1
-    assert cache.dec_lock_ref(leaf) == 4
+    assert cache.dec_lock_ref(leaf).delta == 4
     assert cache.protected_size() == 0
     valid(cache)
 
@@ -406,6 +408,8 @@ def test_scheduler_flow_evicts_exactly_the_deficit_or_changes_nothing():
     cache.insert([3, 3])
     row = pool.alloc(1)[0]
     # 2 free slots; extending the row by 4 needs a 2-slot deficit: exactly one node goes.
-    plan = plan_extend(cache.state, [(row, 4)], at_head=False)
-    assert plan is not None and plan.state.total_size() == 4
-    assert plan_extend(cache.state, [(row, 9)], at_head=False) is None
+    builder = PlanBuilder(cache.state)
+    assert plan_extend(builder, [(row, 4)], at_head=False) is not None
+    assert builder.state.total_size() == 4
+    refused = PlanBuilder(cache.state)
+    assert plan_extend(refused, [(row, 9)], at_head=False) is None and refused.events == []

@@ -1,12 +1,17 @@
 """Random admit / chunked extend / decode / finish / unfinished-cache / evict / retract sequences
 over the kvstate.sglang objects, with page_size in {1, 2, 4} and a tiny vocabulary.
 
-After every step: ``kvstate.invariants.check`` is clean, and SGLang's own
-accounting identity holds:
+Requests finish either through ``cache_finished_req`` or through 0.5.23's
+own order (``checkpoint``, ``free_kv_row`` of the tail the row still maps,
+``unlock``, ``ReqToTokenPool.free``), and decode either one request at a
+time or as one batched ``write((rows, positions), slots)``.  After every
+step: ``kvstate.invariants.check`` is clean, ``req_to_token`` equals the
+state, and SGLang's own accounting identity holds:
 ``available + evictable + protected + sum(uncached of running) == total``.
 """
 
 import hypothesis.strategies as st
+import torch
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
 from kvstate import check
@@ -113,6 +118,30 @@ class SGLangMachine(RuleBasedStateMachine):
             return
         req.output_ids.append(token)
 
+    @rule(token=st.integers(1, 3))
+    def decode_batch(self, token):
+        """One decode step for every request past its prefill: one batched row write."""
+        batch = [r for r in self.live.values() if r.output_ids
+                 and self._kv_len(r) == len(r.origin_input_ids) + len(r.output_ids) - 1
+                 and self._kv_len(r) + 1 < 60]
+        if not batch:
+            return
+        rows = torch.tensor([r.req_pool_idx for r in batch])
+        seq = torch.tensor([self._kv_len(r) for r in batch])
+        size = self.page_size
+        need = len(batch) if size == 1 else size * sum(1 for n in seq.tolist() if n % size == 0)
+        if self.allocator.available_size() < need:
+            self.cache.evict(need - self.allocator.available_size())
+        if size == 1:
+            out = self.allocator.alloc(len(batch))
+        else:
+            out = self.allocator.alloc_decode(seq + 1, seq + 1, self.pool.req_to_token[rows, seq - 1])
+        if out is None:
+            return
+        self.pool.write((rows, seq), out.to(torch.int32))
+        for req in batch:
+            req.output_ids.append(token)
+
     @rule(rid=running)
     def unfinished_cache(self, rid):
         req = self.live.get(rid)
@@ -132,6 +161,18 @@ class SGLangMachine(RuleBasedStateMachine):
         self.cache.cache_finished_req(req)
 
     @rule(rid=consumes(running))
+    def finish_0523(self, rid):
+        """SGLang 0.5.23's release: checkpoint, free the tail under the row, unlock, free the row."""
+        req = self.live.pop(rid, None)
+        if req is None:
+            return
+        owned = self._kv_len(req)
+        self.cache.checkpoint(req, up_to=owned)
+        self.cache.free_kv_row(req, [(req.cache_protected_len, owned)])
+        self.cache.unlock(req.lock)
+        self.pool.free(req)
+
+    @rule(rid=consumes(running))
     def retract(self, rid):
         req = self.live.pop(rid, None)
         if req is not None:
@@ -146,6 +187,11 @@ class SGLangMachine(RuleBasedStateMachine):
     def core_invariants_hold(self):
         if hasattr(self, "cache"):
             assert check(self.cache.state) == []
+
+    @invariant()
+    def table_equals_state(self):
+        if hasattr(self, "pool"):
+            assert self.pool.verify() == []
 
     @invariant()
     def locks_match_running_requests(self):

@@ -22,12 +22,13 @@ _open_engines: list[weakref.ref[Engine]] = []
 
 
 class FrontEndMixin:
-    """Read-only access to the shared engine's state and event list."""
+    """Read access to the shared engine for users and tests (the front end reads ``engine.view``)."""
 
     engine: Engine
 
     @property
     def state(self) -> State:
+        """The current state, frozen (costs a freeze after changes: not for hot paths)."""
         return self.engine.state
 
     @property
@@ -37,8 +38,10 @@ class FrontEndMixin:
 
 def engine_for_pool(num_rows: int, row_width: int, engine: Engine | None) -> Engine:
     if engine is not None:
-        if engine.state.seq == 0:
+        if engine.seq == 0:
             engine.configure(num_rows=num_rows, row_width=row_width)
+        elif (engine.geometry.num_rows, engine.geometry.row_width) != (num_rows, row_width):
+            raise ValueError("the engine already holds request rows of another shape")
         return engine
     created = Engine(Geometry(num_pages=1, num_rows=num_rows, row_width=row_width))
     _open_engines.append(weakref.ref(created))
@@ -49,13 +52,13 @@ def engine_for_allocator(num_pages: int, page_size: int, engine: Engine | None) 
     if engine is None:
         while _open_engines:
             candidate = _open_engines.pop()()
-            if candidate is not None and candidate.state.seq == 0:
+            if candidate is not None and candidate.seq == 0:
                 engine = candidate
                 break
         _open_engines.clear()
     if engine is None:
         return Engine(Geometry(num_pages=num_pages, page_size=page_size))
-    if engine.state.seq == 0:
+    if engine.seq == 0:
         engine.configure(num_pages=num_pages, page_size=page_size)
     elif (engine.geometry.num_pages, engine.geometry.page_size) != (num_pages, page_size):
         raise ValueError("the engine already holds a pool of another size or page size")

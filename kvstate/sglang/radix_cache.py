@@ -1,43 +1,71 @@
 """``RadixCache``: SGLang's radix prefix cache, every call a planner decision.
 
 Node handles (``TreeNode``) name a core node id and read the current state,
-so a handle taken before a split stays valid: the split keeps the bottom half
-under the old id.  Returns follow SGLang: ``match_prefix`` gives an int64
-slot tensor and the last node, ``insert`` the length already present, the
-lock calls minus/plus the tokens moved between evictable and protected.
+so a handle taken before a split stays valid.  Each call takes SGLang
+0.5.23's parameter form and returns its result object
+(``match_prefix(MatchPrefixParams(key=RadixKey(...))) -> MatchResult``,
+``insert(InsertParams) -> InsertResult``, ``evict(EvictParams) ->
+EvictResult``), or the plain seed-000 form: ``match_prefix(key) ->
+(int64 slots, last node)``, ``insert(key, value) -> int`` (the length
+already present), ``evict(n) -> int``.  The lock calls return 0.5.23's
+``IncLockRefResult`` / ``DecLockRefResult`` (``delta``: tokens moved into
+evictable).  The request flows are in ``kvstate.sglang.flows``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from kvstate.engine import Engine
+from kvstate.errors import OutOfMemory
 from kvstate.events import Allocate, Lock, Reset, Unlock
-from kvstate.log.inspect import show_tree
 from kvstate.planner import plan_evict, plan_insert, plan_match
-from kvstate.planner.builder import PlanBuilder
-from kvstate.planner.requests import RequestCursor, plan_checkpoint, plan_release
+from kvstate.planner.evict import fifo_priority, lru_priority
+from kvstate.planner.tree_ops import MatchResult as PlannedMatch
 from kvstate.planner.tree_ops import prefix_length
 from kvstate.sglang.allocator import TokenToKVPoolAllocator
 from kvstate.sglang.binding import FrontEndMixin
+from kvstate.sglang.flows import RequestFlows
+from kvstate.sglang.inputs import as_int, int_list, is_params, token_ids
+from kvstate.sglang.params import (
+    CacheInitParams,
+    DecLockRefResult,
+    EvictResult,
+    IncLockRefResult,
+    InsertResult,
+    MatchResult,
+    TreeLock,
+)
 from kvstate.sglang.pool import ReqToTokenPool
-from kvstate.sglang.req import Req
 from kvstate.sglang.tree_view import TreeNode
-from kvstate.state import DETACHED, ROOT
+from kvstate.state import DETACHED, ROOT, expand_pages, path_to_root
 
-_EMPTY = torch.empty((0,), dtype=torch.int64)
+_POLICIES = {"lru": lru_priority, "fifo": fifo_priority}
+_NO_MATCH = PlannedMatch((), ROOT, 0)
 
 
-class RadixCache(FrontEndMixin):
-    def __init__(self, req_to_token_pool: ReqToTokenPool,
-                 token_to_kv_pool_allocator: TokenToKVPoolAllocator,
-                 page_size: int = 1, disable: bool = False, *, engine: Engine | None = None) -> None:
+class RadixCache(RequestFlows, FrontEndMixin):
+    def __init__(self, req_to_token_pool: ReqToTokenPool | CacheInitParams,
+                 token_to_kv_pool_allocator: TokenToKVPoolAllocator | None = None,
+                 page_size: int = 1, disable: bool = False, *, eviction_policy: str = "lru",
+                 engine: Engine | None = None) -> None:
+        """``RadixCache(pool, allocator, page_size)`` or 0.5.23's ``RadixCache(CacheInitParams(...))``."""
+        if isinstance(req_to_token_pool, CacheInitParams):
+            params = req_to_token_pool
+            req_to_token_pool, token_to_kv_pool_allocator = (params.req_to_token_pool,
+                                                             params.token_to_kv_pool_allocator)
+            page_size, disable, eviction_policy = params.page_size, params.disable, params.eviction_policy
+        if not isinstance(req_to_token_pool, ReqToTokenPool) or not isinstance(
+                token_to_kv_pool_allocator, TokenToKVPoolAllocator):
+            raise TypeError("RadixCache needs a ReqToTokenPool and a kvstate allocator")
         if token_to_kv_pool_allocator.page_size != page_size:
             raise ValueError(f"page_size {page_size} differs from the allocator's "
                              f"{token_to_kv_pool_allocator.page_size}")
+        if eviction_policy.lower() not in _POLICIES:
+            raise ValueError(f"eviction_policy must be one of {sorted(_POLICIES)}, got "
+                             f"{eviction_policy!r}")
         shared = req_to_token_pool.engine
         if token_to_kv_pool_allocator.engine is not shared or (engine is not None and engine is not shared):
             raise ValueError("the request pool and the allocator must share one engine: build the "
@@ -46,6 +74,9 @@ class RadixCache(FrontEndMixin):
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
         self.disable = disable
+        self.eviction_policy = eviction_policy.lower()
+        self._priority = _POLICIES[self.eviction_policy]
+        self._at_head = page_size > 1  # paged frees go back at the head, token frees at the tail
         self.engine = shared
 
     # -- structure ------------------------------------------------------------
@@ -54,122 +85,172 @@ class RadixCache(FrontEndMixin):
         return TreeNode(self, ROOT)
 
     def reset(self) -> None:
-        self.engine.apply(Reset("tree"))
+        """Drop the tree; its pages nobody else holds go back free.  Commits ``Reset("tree")``."""
+        with self.engine.batch() as batch:
+            batch.emit(Reset("tree"))
 
-    def match_prefix(self, key: Sequence[int]) -> tuple[torch.Tensor, TreeNode]:
-        if self.disable:
-            return _EMPTY.clone(), self.root_node
-        result = self.engine.commit(plan_match(self.engine.state, [int(t) for t in key]))
+    def supports_prefix_sharing(self) -> bool:
+        return not self.disable
+
+    def match_prefix(self, key: Any) -> Any:
+        """Longest cached page-aligned prefix; commits ``Touch`` and at most one ``Split``.
+
+        ``MatchPrefixParams`` -> ``MatchResult`` (matched slots:
+        ``path_device_indices(result.last_device_node)``); a plain key ->
+        ``(int64 slot tensor, last node)``.  No events when disabled or when
+        the key is shorter than a page.
+        """
+        if is_params(key, "key"):
+            result = self._match(token_ids(key.key))
+            node = TreeNode(self, result.last_node)
+            return MatchResult(result.length, node, node, node)
+        result = self._match(token_ids(key))
         return torch.tensor(result.slots, dtype=torch.int64), TreeNode(self, result.last_node)
 
-    def insert(self, key: Sequence[int], value: Any = None) -> int:
-        """Insert page-aligned ``key -> value``; returns the length already present.
+    def _match(self, tokens: tuple[int, ...]) -> PlannedMatch:
+        if self.disable or len(tokens) < self.page_size:
+            return _NO_MATCH
+        with self.engine.batch() as batch:
+            return plan_match(batch, tokens)
 
-        With ``value=None`` kvstate allocates real slots for the new part
-        (SGLang would store the token ids themselves as fake slots).
+    def insert(self, key: Any, value: Any = None) -> Any:
+        """Insert page-aligned ``key -> value``; commits ``Touch``, ``Split``, ``Insert``.
+
+        ``InsertParams`` -> ``InsertResult``; a plain key -> the length
+        already present (the caller's copies of that part are duplicates).
+        ``value=None`` allocates real slots for the new part first
+        (``Allocate``; SGLang would store the token ids as fake slots).
+        A value's new pages must be held by one owner (a bare allocation or
+        one request's row), whose holds move to the tree.
         """
+        if is_params(key, "key"):
+            prefix, last = self._insert(token_ids(key.key), key.value)
+            return InsertResult(prefix_len=prefix, last_device_node=TreeNode(self, last))
+        return self._insert(token_ids(key), value)[0]
+
+    def _insert(self, tokens: tuple[int, ...], value: Any) -> tuple[int, int]:
         if self.disable:
-            return 0
-        tokens = [int(t) for t in key]
-        aligned = len(tokens) // self.page_size * self.page_size
+            return 0, ROOT
+        size = self.page_size
+        aligned = len(tokens) // size * size
         tokens = tokens[:aligned]
-        state = self.engine.state
-        builder = PlanBuilder(state)
+        view = self.engine.view
+        present = prefix_length(view, tokens)
         if value is None:
-            present = prefix_length(state, tokens)
-            new_pages = (aligned - present) // self.page_size
-            if new_pages > len(state.free_pages):
-                raise MemoryError(f"insert needs {new_pages} free pages for its values, "
-                                  f"{len(state.free_pages)} are free")
-            pages = state.free_pages.head(new_pages)
-            if pages:
-                builder.emit(Allocate(tuple(pages)))
-            size = self.page_size
-            slots = [0] * present + [p * size + k for p in pages for k in range(size)]
-            owner: Any = DETACHED
-        else:
-            slots = [int(v) for v in torch.as_tensor(value).reshape(-1).tolist()][:aligned]
-            owner = self._owner_of(slots, prefix_length(state, tokens))
-        result = builder.extend(plan_insert(builder.state, tokens, slots, owner))
-        self.engine.commit(builder.done(None))
-        return int(result.prefix_len)
+            new_pages = (aligned - present) // size
+            if new_pages > len(view.free_pages):
+                raise OutOfMemory(new_pages, len(view.free_pages), "pages")
+            with self.engine.batch() as batch:
+                pages = view.free_pages.head(new_pages)
+                if pages:
+                    batch.emit(Allocate(tuple(pages)))
+                slots = [0] * present + list(expand_pages(pages, size))
+                result = plan_insert(batch, tokens, slots, DETACHED)
+            return result.prefix_len, result.last_node
+        slots = int_list(value, "insert value")
+        if len(slots) < aligned:
+            raise ValueError(f"insert value has {len(slots)} slots for a {aligned}-token key")
+        slots = slots[:aligned]
+        owner = self._owner_of(view, slots[present:], present)
+        with self.engine.batch() as batch:
+            result = plan_insert(batch, tokens, slots, owner)
+        return result.prefix_len, result.last_node
 
-    def _owner_of(self, slots: list[int], present: int) -> Any:
-        if present >= len(slots):
+    def _owner_of(self, view: Any, new: list[int], start: int) -> Any:
+        """Who holds every page of the new part (checked before any event is emitted)."""
+        if not new:
             return DETACHED
-        held = self.engine.state.holders.get(slots[present] // self.page_size, ())
-        return held[0] if len(held) == 1 else DETACHED
+        size = self.page_size
+        pages = [slot // size for slot in new[::size]]
+        if expand_pages(pages, size) != tuple(new) or start % size:
+            raise ValueError(f"insert value slots {new[:8]}... are not whole pages in key order")
+        if len(set(pages)) != len(pages):
+            raise ValueError("insert value maps one page twice")
+        held = view.holders.get(pages[0])
+        for page in pages:
+            if page in view.page_node:
+                raise ValueError(f"insert value page {page} is already in tree node "
+                                 f"{view.page_node[page]}")
+            if held is None or len(held) != 1 or view.holders.get(page) != held:
+                raise ValueError(f"insert value page {page} is not held by one owner alone "
+                                 f"(holders {list(view.holders.get(page, ()))})")
+        return held[0]
 
-    def evict(self, num_tokens: int) -> int:
-        if self.disable or num_tokens <= 0:
+    def evict(self, num_tokens: Any) -> Any:
+        """Evict whole unlocked leaves (LRU by default) until ``num_tokens`` are covered.
+
+        Commits ``Evict``.  ``EvictParams`` -> ``EvictResult``; an int -> the
+        tokens evicted (may overshoot: whole nodes go).
+        """
+        if is_params(num_tokens, "num_tokens"):
+            return EvictResult(num_tokens_evicted=self._evict(num_tokens.num_tokens))
+        return self._evict(num_tokens)
+
+    def _evict(self, num_tokens: Any) -> int:
+        count = as_int(num_tokens, "num_tokens")
+        if self.disable or count == 0:
             return 0
-        plan = plan_evict(self.engine.state, num_tokens, at_head=self.page_size > 1)
-        return int(self.engine.commit(plan))
+        with self.engine.batch() as batch:
+            return plan_evict(batch, count, at_head=self._at_head, priority=self._priority)
 
-    def inc_lock_ref(self, node: TreeNode) -> int:
-        return self._lock(node, Lock)
+    # -- locks ----------------------------------------------------------------------
+    def inc_lock_ref(self, node: TreeNode | None) -> IncLockRefResult:
+        """Lock ``node`` and its ancestors; commits ``Lock`` (nothing for the root)."""
+        node_id = self._node_id(node)
+        return IncLockRefResult(delta=self._lock(node_id, Lock), node_id=node_id)
 
-    def dec_lock_ref(self, node: TreeNode) -> int:
-        return self._lock(node, Unlock)
+    def dec_lock_ref(self, node: TreeNode | None, params: Any = None) -> DecLockRefResult:
+        """Unlock ``node`` and its ancestors; commits ``Unlock`` (nothing for the root)."""
+        return DecLockRefResult(delta=self._lock(self._node_id(node), Unlock))
 
-    def _lock(self, node: TreeNode | None, event_type: type[Lock] | type[Unlock]) -> int:
-        if self.disable or node is None or node.id == ROOT:
+    def lock(self, node: TreeNode | None) -> TreeLock:
+        """0.5.23's lock for one holder: ``inc_lock_ref`` and its receipt.  Commits ``Lock``."""
+        handle = node if node is not None else self.root_node
+        return TreeLock(handle, self.inc_lock_ref(handle).to_dec_params())
+
+    def unlock(self, lock: TreeLock | None) -> None:
+        """Release a ``lock`` (``None``: nothing).  Commits ``Unlock``."""
+        if lock is not None:
+            self.dec_lock_ref(lock.node, lock.receipt)
+
+    def _node_id(self, node: TreeNode | None) -> int:
+        if node is None:
+            return ROOT
+        if not isinstance(node, TreeNode) or node._cache is not self:
+            raise TypeError(f"{node!r} is not a node of this cache")
+        return node.id
+
+    def _lock(self, node_id: int, event_type: type[Lock] | type[Unlock]) -> int:
+        if self.disable or node_id == ROOT:
             return 0
-        before = self.engine.state.evictable_size
-        self.engine.apply(event_type(node.id))
-        return self.engine.state.evictable_size - before
+        before = self.engine.view.evictable_size
+        with self.engine.batch() as batch:
+            batch.emit(event_type(node_id))
+        return int(self.engine.view.evictable_size - before)
 
+    # -- sizes and reads -------------------------------------------------------------------
     def evictable_size(self) -> int:
-        return self.engine.state.evictable_size
+        return int(self.engine.view.evictable_size)
 
     def protected_size(self) -> int:
-        return self.engine.state.protected_size
+        return int(self.engine.view.protected_size)
 
     def total_size(self) -> int:
-        return self.engine.state.total_size()
+        view = self.engine.view
+        return int(view.evictable_size + view.protected_size)
+
+    def path_device_indices(self, node: TreeNode | None) -> torch.Tensor:
+        """The slots on the path from the root to ``node`` (int64), as 0.5.23 reads a match."""
+        nodes = self.engine.view.nodes
+        path = list(path_to_root(nodes, self._node_id(node)))
+        pages = [page for node_id in reversed(path) for page in nodes[node_id].pages]
+        return torch.tensor(expand_pages(pages, self.page_size), dtype=torch.int64)
 
     def pretty_print(self) -> None:
+        from kvstate.display import show_tree
+
         print(show_tree(self.engine.state))
         print(f"#tokens: {self.total_size()}")
 
-    # -- request flows -----------------------------------------------------------
-    def cache_finished_req(self, req: Req) -> None:
-        """Cache ``(input + output)[:-1]`` (the last token has no KV), free the rest and the row."""
-        row = self._row(req)
-        token_ids = (req.origin_input_ids + req.output_ids)[:-1]
-        plan = plan_release(self.engine.state, self._cursor(req, row), token_ids,
-                            prompt_len=len(req.origin_input_ids), owned=len(token_ids),
-                            checkpoint=not self.disable, at_head=self.page_size > 1)
-        self.engine.commit(plan)
-        req.req_pool_idx = None
-
-    def cache_unfinished_req(self, req: Req) -> None:
-        """Publish ``fill_ids`` so far and rebind the row to the canonical tree slots."""
-        row = self._row(req)
-        if self.disable:
-            return
-        fill = req.fill_ids[: self.engine.state.requests[row].allocated]
-        plan = plan_checkpoint(self.engine.state, self._cursor(req, row), fill,
-                               prompt_len=len(req.origin_input_ids), up_to=len(fill),
-                               at_head=self.page_size > 1)
-        cursor = self.engine.commit(plan)
-        state = self.engine.state
-        req.prefix_indices = torch.tensor(state.slots_of(row, 0, len(fill)), dtype=torch.int64)
-        req.last_node = TreeNode(self, cursor.last_node)
-        req.cache_protected_len = cursor.protected_len
-
-    def _row(self, req: Req) -> int:
-        if req.req_pool_idx is None:
-            raise ValueError(f"{req!r} holds no request row")
-        return int(req.req_pool_idx)
-
-    def _cursor(self, req: Req, row: int) -> RequestCursor:
-        protected = req.cache_protected_len or len(req.prefix_indices)
-        protected = protected // self.page_size * self.page_size
-        last = req.last_node.id if isinstance(req.last_node, TreeNode) else ROOT
-        return RequestCursor(row, protected, last)
-
 
 __all__ = ["RadixCache", "TreeNode"]
-
-

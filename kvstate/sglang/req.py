@@ -1,8 +1,11 @@
 """``Req``: the per-request fields SGLang's cache flows read and write.
 
 A plain mutable record owned by the caller (the scheduler); the cache
-updates ``req_pool_idx``, ``prefix_indices``, ``last_node`` and
-``cache_protected_len`` in ``cache_*_req``.  It holds no core state.
+updates ``req_pool_idx``, ``prefix_indices``, ``last_node``,
+``cache_protected_len`` and ``lock`` in its request flows.  It holds no core
+state.  The tree lock a request holds is on ``lock.node`` when ``lock`` is
+set (0.5.23's ``req.lock = cache.lock(node)``), else on ``last_node`` (the
+seed-000 ``inc_lock_ref(node)`` form).
 """
 
 from __future__ import annotations
@@ -12,16 +15,19 @@ from typing import Any
 
 import torch
 
+from kvstate.sglang.inputs import int_list
+
 
 class Req:
     def __init__(self, rid: Any, origin_input_ids: Sequence[int],
                  output_ids: Sequence[int] | None = None) -> None:
         self.rid = rid
-        self.origin_input_ids = [int(t) for t in origin_input_ids]
-        self.output_ids = [] if output_ids is None else [int(t) for t in output_ids]
+        self.origin_input_ids = int_list(origin_input_ids, "origin_input_ids")
+        self.output_ids = [] if output_ids is None else int_list(output_ids, "output_ids")
         self.req_pool_idx: int | None = None
         self.prefix_indices = torch.empty((0,), dtype=torch.int64)
         self.last_node: Any = None
+        self.lock: Any = None
         self.cache_protected_len = 0
         self.fill_ids: list[int] = self.origin_input_ids + self.output_ids
 

@@ -1,8 +1,9 @@
 """Read-only views of the radix tree: ``TreeNode`` handles.
 
-A handle is just (cache, node id); every attribute reads the cache's current
-state, so handles never go stale across splits.  ``evicted`` is True once
-the node is gone.
+A handle is just (cache, node id); every attribute reads the cache's
+current state (``engine.view``), so handles never go stale across splits: a
+split keeps the bottom half under the old id.  ``evicted`` is True once the
+node is gone; other attributes of an evicted node raise ``KeyError``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from kvstate.state import expand_pages
 
 
 class TreeNode:
@@ -20,14 +23,14 @@ class TreeNode:
         self.id = node_id
 
     def _node(self) -> Any:
-        node = self._cache.engine.state.nodes.get(self.id)
+        node = self._cache.engine.view.nodes.get(self.id)
         if node is None:
             raise KeyError(f"tree node {self.id} has been evicted")
         return node
 
     @property
     def evicted(self) -> bool:
-        return self.id not in self._cache.engine.state.nodes
+        return self.id not in self._cache.engine.view.nodes
 
     @property
     def key(self) -> list[int]:
@@ -35,7 +38,8 @@ class TreeNode:
 
     @property
     def value(self) -> torch.Tensor:
-        return torch.tensor(self._cache.engine.state.node_slots(self.id), dtype=torch.int64)
+        pages = self._node().pages
+        return torch.tensor(expand_pages(pages, self._cache.page_size), dtype=torch.int64)
 
     @property
     def lock_ref(self) -> int:

@@ -1,0 +1,148 @@
+"""Argument checks for the SGLang front end: every call checks its input before it changes anything.
+
+What SGLang passes (Python ints, ``array('q')``, integer tensors, numpy
+integers) is accepted; a float, a bool, ``None`` or an id outside
+``0..2**63-1`` (int64, the events' range) is refused with a ``TypeError`` or
+``ValueError`` that names the argument.  The fast paths matter: a decode
+step converts one tensor per call, an admission one prompt.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import operator
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from kvstate.events import MAX_ID
+
+_INT_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8})
+_INT_TYPECODES = frozenset("bBhHiIlLqQ")
+
+
+def as_int(value: Any, what: str, *, low: int = 0, high: int = MAX_ID) -> int:
+    """One int in ``low..high``: a Python or numpy int or a 0-d integer tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.dtype not in _INT_DTYPES:
+            raise TypeError(f"{what} must be an int, got a {value.dtype} tensor of shape "
+                            f"{tuple(value.shape)}")
+        value = int(value.item())
+    elif isinstance(value, bool) or value is None:
+        raise TypeError(f"{what} must be an int, got {value!r}")
+    else:
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{what} must be an int, got {value!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{what} {value} is outside {low}..{high}")
+    return int(value)
+
+
+def int_list(values: Any, what: str, *, low: int = 0, high: int = MAX_ID) -> list[int]:
+    """Ints in ``low..high`` from a tensor, an ``array``, a sequence or a single int (a new list)."""
+    out = int_seq(values, what, low=low, high=high)
+    return list(out) if out is values or type(out) is not list else out
+
+
+def int_seq(values: Any, what: str, *, low: int = 0, high: int = MAX_ID) -> Sequence[int]:
+    """As ``int_list``, but a list or tuple of Python ints comes back as itself (no copy)."""
+    out: Sequence[int]
+    if isinstance(values, torch.Tensor):
+        if values.dtype not in _INT_DTYPES:
+            raise TypeError(f"{what} must hold integers, got a {values.dtype} tensor")
+        out = values.reshape(-1).tolist()
+    elif isinstance(values, array):
+        if values.typecode not in _INT_TYPECODES:
+            raise TypeError(f"{what} must hold integers, got array typecode {values.typecode!r}")
+        out = values.tolist()
+        if values.typecode == "q" and high == MAX_ID:  # SGLang's key type: int64 already
+            if out and min(out) < low:
+                raise ValueError(f"{what}: {min(out)} is outside {low}..{high}")
+            return out
+    elif values is None or isinstance(values, (bool, str, bytes, float)):
+        raise TypeError(f"{what} must be integers, got {values!r}")
+    elif hasattr(values, "__index__") and not hasattr(values, "__len__"):  # one (numpy) int
+        return [as_int(values, what, low=low, high=high)]
+    else:
+        if type(values) is list or type(values) is tuple:
+            out = values
+        else:
+            try:
+                out = list(values)
+            except TypeError:
+                raise TypeError(f"{what} must be integers, got {type(values).__name__}") from None
+        if set(map(type, out)) - {int}:  # numpy ints are fine; floats and bools are not
+            out = [as_int(v, what, low=low, high=high) for v in out]
+    if out and (min(out) < low or max(out) > high):
+        bad = next(v for v in out if not low <= v <= high)
+        raise ValueError(f"{what}: {bad} is outside {low}..{high}")
+    return out
+
+
+def token_ids(key: Any) -> tuple[int, ...]:
+    """The token ids of a key: a sequence, tensor, ``array`` or ``RadixKey`` (honouring ``limit``)."""
+    if hasattr(key, "token_ids"):
+        if getattr(key, "extra_key", None) is not None or getattr(key, "cache_salt", None):
+            raise ValueError("kvstate's radix tree has one namespace: extra_key and cache_salt "
+                             "must be None")
+        if getattr(key, "is_bigram", False):
+            raise ValueError("EAGLE bigram keys are not supported by kvstate's radix tree")
+        limit = getattr(key, "limit", None)
+        tokens = key.token_ids
+        if limit is not None and limit < len(tokens):
+            tokens = tokens[: max(as_int(limit, "RadixKey.limit", low=-MAX_ID), 0)]
+        return tuple(int_seq(tokens, "token ids"))
+    return tuple(int_seq(key, "token ids"))
+
+
+def is_params(value: Any, field: str) -> bool:
+    """True for a parameter object (ours or SGLang's own) carrying ``field``."""
+    return hasattr(value, field) and not isinstance(value, (torch.Tensor, array, list, tuple))
+
+
+def bind_forms(name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+               *forms: Callable[..., None]) -> dict[str, Any]:
+    """The arguments of the first call form (a signature-only function) they fit."""
+    for form in forms:
+        try:
+            bound = _signature(form).bind(*args, **kwargs)
+        except TypeError:
+            continue
+        bound.apply_defaults()
+        return dict(bound.arguments)
+    shapes = " or ".join(f"{name}{inspect.signature(form)}" for form in forms)
+    raise TypeError(f"{name} takes {shapes}")
+
+
+@functools.cache
+def _signature(form: Callable[..., None]) -> inspect.Signature:
+    return inspect.signature(form)
+
+
+# The call forms of the paged allocator (signatures only): seed 000's, and 0.5.23's with the
+# CPU copies of the lengths (kvstate reads only one copy; they hold the same values).
+def extend_form_0523(prefix_lens: Any, prefix_lens_cpu: Any, seq_lens: Any, seq_lens_cpu: Any,
+                     last_loc: Any, extend_num_tokens: Any, num_new_pages: Any = None) -> None:
+    """``alloc_extend`` as SGLang 0.5.23 calls it."""
+
+
+def extend_form(prefix_lens: Any, seq_lens: Any, last_loc: Any,
+                extend_num_tokens: Any = None) -> None:
+    """``alloc_extend`` in the plain form."""
+
+
+def decode_form_0523(seq_lens: Any, seq_lens_cpu: Any, last_loc: Any) -> None:
+    """``alloc_decode`` as SGLang 0.5.23 calls it."""
+
+
+def decode_form(seq_lens: Any, last_loc: Any) -> None:
+    """``alloc_decode`` in the plain form."""
+
+
+__all__ = ["as_int", "bind_forms", "int_seq", "decode_form", "decode_form_0523", "extend_form",
+           "extend_form_0523", "int_list", "is_params", "token_ids"]

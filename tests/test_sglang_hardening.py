@@ -1,0 +1,145 @@
+"""Regression tests for reported defects: every rejected call is refused with a clear error
+and leaves the state (fingerprint) and ``req_to_token`` exactly as they were.
+
+The first five tests fail on the code before the core rebuild (run them with
+``PYTHONPATH`` pointing at a ``git worktree`` of that commit): there
+``pool.alloc(1.5)`` returned rows, ``free(None)`` failed inside the list
+conversion, ``cache_finished_req`` on a never-allocated row raised a bare
+``KeyError``, ``write`` ignored a slice step, and a token id of 2**64 was
+inserted and later broke ``fingerprint()``.
+"""
+
+from array import array
+from functools import partial
+
+import pytest
+import torch
+
+from kvstate import InvalidEvent, check
+from kvstate.sglang import Req
+from tests.sglang_helpers import admit, build, unchanged
+
+
+def test_alloc_takes_only_a_row_count():
+    pool, _, _ = build(rows=4)
+    for bad, error in ((1.5, TypeError), (True, TypeError), ("2", TypeError), (None, TypeError),
+                       (-1, ValueError)):
+        with unchanged(pool), pytest.raises(error):
+            pool.alloc(bad)
+    assert pool.available_size() == 4
+
+
+def test_free_none_is_a_clear_type_error():
+    pool, allocator, _ = build(rows=4)
+    pool.alloc(1)
+    with unchanged(pool), pytest.raises(TypeError, match="got None"):
+        pool.free(None)
+    with unchanged(pool), pytest.raises(TypeError, match="got None"):
+        allocator.free(None)
+
+
+def test_finishing_a_request_whose_row_was_never_allocated():
+    pool, _, cache = build(rows=4)
+    req = Req("r", [1, 2, 3], [4])
+    req.req_pool_idx = 2
+    with unchanged(pool), pytest.raises(ValueError, match="not allocated"):
+        cache.cache_finished_req(req)
+
+
+def test_write_refuses_a_slice_step():
+    pool, allocator, _ = build(num_tokens=16, rows=4, width=16)
+    row = pool.alloc(1)[0]
+    slots = allocator.alloc(4)
+    with unchanged(pool), pytest.raises(ValueError, match="step"):
+        pool.write((row, slice(0, 8, 2)), slots)
+
+
+def test_token_ids_must_be_int64_ids():
+    pool, _, cache = build(num_tokens=16)
+    for key in ([2**64, 1], [-1, 1], [1.0, 2.0], [True, 2], torch.tensor([1.5]), array("q", [-1, 2])):
+        with unchanged(pool), pytest.raises((TypeError, ValueError)):
+            cache.insert(key)
+        with unchanged(pool), pytest.raises((TypeError, ValueError)):
+            cache.match_prefix(key)
+    cache.insert([2**63 - 1, 0])  # the extremes of the range are fine
+    assert len(cache.match_prefix([2**63 - 1, 0])[0]) == 2
+    assert len(cache.state.fingerprint()) == 16 and check(cache.state) == []
+
+
+def _running(page_size=1):
+    pool, allocator, cache = build(num_tokens=32, page_size=page_size, rows=4, width=32)
+    req = Req("r", [1, 2, 3, 4, 5, 6])
+    admit(pool, allocator, cache, req)
+    req.output_ids.append(7)
+    cache.cache_unfinished_req(req)
+    return pool, allocator, cache, req
+
+
+def _other_cache_node():
+    _, _, other = build()
+    other.insert([1])
+    return other.match_prefix([1])[1]
+
+
+# Each entry prepares its arguments (which may commit events) and returns the call to refuse.
+REFUSED = {
+    "alloc: a float": lambda p, a, c, r: partial(a.alloc, 2.0),
+    "alloc: negative": lambda p, a, c, r: partial(a.alloc, -4),
+    "free: a tree slot": lambda p, a, c, r: partial(a.free, p.req_to_token[r.req_pool_idx, :1].long()),
+    "free: one slot twice": lambda p, a, c, r: partial(a.free, torch.tensor([30, 30])),
+    "free: a float tensor": lambda p, a, c, r: partial(a.free, torch.tensor([1.0])),
+    "free_segment: negative start": lambda p, a, c, r: partial(a.free_segment, torch.tensor([1]),
+                                                               start_pos=-1),
+    "insert: a value nobody holds": lambda p, a, c, r: partial(c.insert, [9, 9], torch.tensor([30, 31])),
+    "insert: a value too short": lambda p, a, c, r: partial(c.insert, [9, 9, 9], a.alloc(2)),
+    "insert: tree slots as value": lambda p, a, c, r: partial(c.insert, [8, 8],
+                                                              c.match_prefix([1, 2])[0]),
+    "evict: negative": lambda p, a, c, r: partial(c.evict, -1),
+    "evict: a float": lambda p, a, c, r: partial(c.evict, 1.5),
+    "dec_lock_ref: below zero": lambda p, a, c, r: (c.insert([5, 5]), partial(
+        c.dec_lock_ref, c.match_prefix([5, 5])[1]))[1],
+    "inc_lock_ref: another cache's node": lambda p, a, c, r: partial(c.inc_lock_ref,
+                                                                     _other_cache_node()),
+    "checkpoint: up_to past the tokens": lambda p, a, c, r: partial(c.checkpoint, r, up_to=9),
+    "checkpoint: up_to past the row": lambda p, a, c, r: partial(c.checkpoint, r, up_to=7),
+    "free_kv_row: past the row": lambda p, a, c, r: partial(c.free_kv_row, r, [(6, 8)]),
+    "free_kv_row: overlapping": lambda p, a, c, r: partial(c.free_kv_row, r, [(0, 3), (2, 4)]),
+    "pool.free: a free row": lambda p, a, c, r: partial(p.free, [1]),
+    "pool.free: row 0": lambda p, a, c, r: partial(p.free, 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_every_refused_call_changes_nothing(case):
+    pool, allocator, cache, req = _running()
+    call = REFUSED[case](pool, allocator, cache, req)
+    with unchanged(pool), pytest.raises((TypeError, ValueError, InvalidEvent)):
+        call()
+
+
+def test_a_request_flow_is_checked_before_its_first_event():
+    """A finish whose lock is gone would fail half-way through its batch: refused up front."""
+    pool, _, cache, req = _running()
+    cache.dec_lock_ref(req.last_node)  # the caller already released the request's lock
+    with unchanged(pool), pytest.raises(ValueError, match="holds no lock"):
+        cache.cache_finished_req(req)
+    req.cache_protected_len = 3  # not a page-aligned tree prefix of the row any more (P = 1: fine)
+    cache.inc_lock_ref(req.last_node)
+    req.cache_protected_len = 99
+    with unchanged(pool), pytest.raises(ValueError, match="tree prefix"):
+        cache.checkpoint(req, up_to=6)
+
+
+def test_a_refused_paged_extend_or_decode_changes_nothing():
+    pool, allocator, _ = build(num_tokens=32, page_size=4)
+    cases = [lambda: allocator.alloc_extend([2], [5], [7]),  # last_loc off its page position
+             lambda: allocator.alloc_extend([0, 0], [4], [-1]),  # lengths differ
+             lambda: allocator.alloc_extend([0], [4], [-1], 5),  # extend_num_tokens wrong
+             lambda: allocator.alloc_extend([4], [2], [3]),  # shrinking
+             lambda: allocator.alloc_decode([5], [5]),  # last_loc off its page position
+             lambda: allocator.alloc(3)]  # not whole pages
+    for call in cases:
+        with unchanged(pool), pytest.raises((TypeError, ValueError)):
+            call()
+    with unchanged(pool):
+        assert allocator.alloc_extend([0], [64], [-1]) is None  # too big: None, no event
