@@ -32,8 +32,7 @@ others ran.  A plain callable ``fn(event, view)`` is called per event from
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from kvstate.backends.live import LiveState
@@ -163,15 +162,19 @@ class Engine:
         return int(self.view.seq)
 
     def configure(self, **changes: Any) -> None:
-        """Change the geometry of a fresh engine (before any event was applied)."""
+        """Change the geometry of a fresh engine (before any event was applied); ``swa_pages``
+        gives it an SWA pool of that many pages (it keeps its pool otherwise)."""
         if self.seq != self._initial.seq or self._initial.seq != 0:
             raise RuntimeError("an engine's geometry is fixed once events were applied")
+        swa = self._initial.swa
+        swa_pages = changes.pop("swa_pages", 0 if swa is None else swa.num_pages)
         fields = {"num_pages": self.geometry.num_pages, "page_size": self.geometry.page_size,
                   "num_rows": self.geometry.num_rows, "row_width": self.geometry.row_width,
                   "mode": self.geometry.mode, **changes}
         host = self._initial.host
         self._initial = initial_state(Geometry(**fields),
-                                      host_pages=0 if host is None else host.num_pages)
+                                      host_pages=0 if host is None else host.num_pages,
+                                      swa_pages=swa_pages)
         self._reset_to(self._initial)
 
     # -- listeners ------------------------------------------------------------------
@@ -204,31 +207,31 @@ class Engine:
         with self.batch() as batch:
             batch.emit(event)
 
-    @contextmanager
-    def batch(self) -> Iterator[Batch]:
+    def batch(self) -> Batch:
         """Apply the events of one decision; listeners see them when the block ends.
 
-        If the block raises after events were applied, the live backend rolls
-        back when it can (a frozen state and the events since it are known)
-        and otherwise refuses further use (``EngineBroken``).
+        Use as ``with engine.batch() as b:``.  If the block raises after events
+        were applied, the live backend rolls back when it can (a frozen state
+        and the events since it are known) and otherwise refuses further use
+        (``EngineBroken``).
         """
         if self._broken is not None:
             raise EngineBroken(f"engine unusable after an earlier failure: {self._broken}")
         if self._batch is not None:
             raise RuntimeError("batches do not nest; emit into the open batch")
-        events: list[Event] = []
-        self._batch = events
-        start_state = self._current
-        start_seq = self.seq
-        start_journal = None if self._journal is None else len(self._journal)
-        try:
-            yield Batch(self, events)
-        except BaseException as exc:
-            self._batch = None
+        return Batch(self)
+
+    def _open_batch(self) -> tuple[State, int, int | None]:
+        self._batch = []
+        return (self._current, self.seq, None if self._journal is None else len(self._journal))
+
+    def _close_batch(self, start: tuple[State, int, int | None], failed: BaseException | None
+                     ) -> None:
+        events, self._batch = self._batch, None
+        if failed is not None:
             if events:
-                self._roll_back(start_state, start_seq, start_journal, exc)
-            raise
-        self._batch = None
+                self._roll_back(*start, failed)
+            return
         if events:
             self._commit(events)
 
@@ -322,17 +325,32 @@ class Engine:
 
 
 class Batch:
-    """The handle a planner emits into: ``state`` to read, ``emit`` to apply."""
+    """The handle a planner emits into (``state`` to read, ``emit`` to apply); a context
+    manager that commits the batch when the block ends (``Engine.batch``)."""
 
-    __slots__ = ("engine", "events")
+    __slots__ = ("engine", "_start")
 
-    def __init__(self, engine: Engine, events: list[Event]) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.events = events
+        self._start: tuple[State, int, int | None] | None = None
+
+    def __enter__(self) -> Batch:
+        self._start = self.engine._open_batch()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: Any) -> None:
+        start, self._start = self._start, None
+        assert start is not None
+        self.engine._close_batch(start, error)
 
     @property
     def state(self) -> Any:
         return self.engine.view
+
+    @property
+    def events(self) -> list[Event]:
+        return self.engine._batch or []
 
     def emit(self, event: Event) -> None:
         self.engine.emit(event)

@@ -225,43 +225,57 @@ def assign(s: Any, event: Assign) -> None:
 
 @rule(Scatter)
 def scatter(s: Any, event: Scatter) -> None:
-    """One-slot writes to distinct requests; every item is checked before any is written."""
+    """One-slot writes to distinct requests; every item is checked before any is written.
+
+    The decode shape (a slot at the end of a row, in its own partial page or
+    starting a DETACHED page) is checked inline; any other item takes the
+    general write check.  No page may be taken by two items.
+    """
     check_distinct([request_id for request_id, _, _ in event.items], "request")
-    writes = []
-    requests = s.requests
+    size, width = s.geometry.page_size, s.geometry.row_width
+    requests, holders, page_node = s.requests, s.holders, s.page_node
+    appends: list[tuple[RequestId, int, int]] = []  # (request, new page or 0, position)
+    writes: list[tuple[RequestId, _Write]] = []
+    taken: set[int] = set()
     for request_id, position, slot in event.items:
         record = requests.get(request_id)
         if record is None:
             raise Reject(f"unknown request {request_id!r}")
-        write = _append_one(s, request_id, position, slot, record)
-        if write is None:
-            write = _plan_write(s, request_id, position, (slot,), record)
+        if (position == record.allocated and position < width and not record.dangling
+                and slot % size == position % size):
+            page, index = slot // size, position // size
+            pages = record.pages
+            if position % size:
+                if index < len(pages) and pages[index] == page:
+                    appends.append((request_id, 0, position))
+                    continue
+            elif (index == len(pages) and holders.get(page) == _DETACHED_HOLD
+                  and page not in page_node):
+                if page in taken:
+                    raise Reject(f"page {page} is written into two requests by one event")
+                taken.add(page)
+                appends.append((request_id, page, position))
+                continue
+        write = _plan_write(s, request_id, position, (slot,), record)
         if write is not None:
+            if taken.intersection(write.gained):
+                raise Reject(f"page {min(taken.intersection(write.gained))} is written into two "
+                             "requests by one event")
+            taken.update(write.gained)
             writes.append((request_id, write))
+    request_w, touched = s.request_w, s.touched
+    for request_id, page, position in appends:
+        record = request_w(request_id)
+        if page:
+            holders[page] = (request_id,)
+            record.pages.append(page)
+            if touched is not None:
+                touched.pages.add(page)
+        if touched is not None:
+            touched.table(request_id, position // size)
+        record.allocated = position + 1
     for request_id, write in writes:
         _do_write(s, request_id, write)
-
-
-def _append_one(s: Any, request_id: RequestId, position: int, slot: int,
-                record: Any) -> _Write | None:
-    """``_plan_write`` of one slot at the end of a row without dangling entries, in the two
-    shapes a decode step has: the next slot of the request's own partial page, or the first
-    slot of a DETACHED page.  ``None`` for anything else (the general check decides)."""
-    size = s.geometry.page_size
-    if (position != record.allocated or record.dangling or slot % size != position % size
-            or position >= s.geometry.row_width):
-        return None
-    index, page = position // size, slot // size
-    pages = record.pages
-    if position % size:
-        if index >= len(pages) or pages[index] != page:
-            return None
-        gained: list[int] = []
-    else:
-        if index != len(pages) or s.holders.get(page) != _DETACHED_HOLD or page in s.page_node:
-            return None
-        gained = [page]
-    return _Write(index, index, [page], position + 1, record.committed, gained, [], [], ())
 
 
 class _Write(NamedTuple):
