@@ -12,7 +12,7 @@ Here those mutations are events, emitted in this order::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -52,6 +52,10 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     if a[:limit] == b[:limit]:
         return limit
     low, high = 0, limit  # a[:low] == b[:low], a[:high] != b[:high]
+    step = 64  # find the first differing chunk by scanning, then bisect inside it
+    while high - low > step and a[low:low + step] == b[low:low + step]:
+        low += step
+    high = min(high, low + step)
     while high - low > 1:
         mid = (low + high) // 2
         if a[:mid] == b[:mid]:
@@ -61,8 +65,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return low
 
 
-@attrs.frozen
-class _Walk:
+class _Walk(NamedTuple):
     visited: tuple[int, ...]
     node: int  # deepest node fully matched
     position: int  # tokens matched through ``node``
@@ -78,18 +81,21 @@ def _walk(state: Any, key: tuple[int, ...]) -> _Walk:
     node_id, position = ROOT, 0
     visited = [ROOT]
     pages: list[int] = []
-    while position < len(key):
+    length = len(key)
+    while position < length:
         child_id = nodes[node_id].children.get(child_key(key[position:position + size]))
         if child_id is None:
             break
         child = nodes[child_id]
         visited.append(child_id)
-        rest = key[position:]
-        matched = common_prefix(child.key, rest) // size * size
-        if matched < len(child.key):
+        child_tokens = child.key
+        end = position + len(child_tokens)
+        segment = key[position:end]  # only as long as the node: one pass over the key in all
+        if segment != child_tokens:
+            matched = common_prefix(child_tokens, segment) // size * size
             return _Walk(tuple(visited), node_id, position, child_id, matched, tuple(pages))
         pages.extend(child.pages)
-        node_id, position = child_id, position + matched
+        node_id, position = child_id, end
     return _Walk(tuple(visited), node_id, position, None, 0, tuple(pages))
 
 
@@ -100,8 +106,8 @@ def plan_match(b: Builder, key: Sequence[int], *, limit: int | None = None) -> M
     """
     state = b.state
     size = state.geometry.page_size
-    tokens = tuple(key if limit is None else key[:limit])
-    tokens = tokens[: len(tokens) // size * size]
+    stop = len(key) if limit is None else max(0, min(limit, len(key)))
+    tokens = tuple(key[: stop // size * size])
     if not tokens:
         return MatchResult((), ROOT, 0, size)
     walk = _walk(state, tokens)
