@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvstate.cli import main
-from kvstate.simulate import SimulationSettings, load_policy, simulate
-from kvstate.simulate.policies import LeafLFU, PolicyError
+from kvstate.planner.policy import LeafLFU, PolicyError, load_policy
+from kvstate.simulate import SimulationSettings, simulate
 from kvstate.traces import TraceRequest
 from tests.trace_fixtures import BLOCK, chain_requests, reference_trace
 
@@ -123,13 +123,13 @@ def test_lfu_keeps_the_popular_path_that_lru_drops() -> None:
 
 
 def test_policy_loading_errors() -> None:
-    assert load_policy("kvstate.simulate.policies:LeafFIFO") is not None
+    assert load_policy("kvstate.planner.policy:LeafFIFO") is not None
     with pytest.raises(PolicyError, match="unknown policy"):
         load_policy("mru")
     with pytest.raises(PolicyError, match="cannot import"):
         load_policy("no_such_module_xyz:Policy")
     with pytest.raises(PolicyError, match="has no"):
-        load_policy("kvstate.simulate.policies:Nope")
+        load_policy("kvstate.planner.policy:Nope")
 
 
 # --- the command ----------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def test_cli_json_out_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_cli_record_writes_a_replayable_log(tmp_path: Path) -> None:
-    from kvstate.log import replay_path
+    from kvstate.replay import replay_path
 
     trace = write_trace(tmp_path / "t.jsonl")
     log = tmp_path / "run.kvlog"

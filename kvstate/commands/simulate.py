@@ -29,10 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvstate.planner.policy import PolicyError, load_policy
 from kvstate.simulate.driver import pages_needed, simulate
 from kvstate.simulate.output import write_results
 from kvstate.simulate.point import SimulationError
-from kvstate.simulate.policies import VLLM_POLICY, PolicyError, load_policy
+from kvstate.simulate.policies import VLLM_POLICY
 from kvstate.simulate.settings import Granularity, SimulationResult, SimulationSettings
 from kvstate.traces import TRACE_FORMATS, TraceFormatError, read_trace
 

@@ -30,7 +30,6 @@ is the prefix registry.  Two hash strings with the same code (probability
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from typing import Any
 
 from kvstate.events import MAX_ID
@@ -72,16 +71,6 @@ def parse_layer_name(core_id: object) -> tuple[int, str] | None:
     if not sep or not digits.isdigit():
         return None
     return int(digits), rest
-
-
-# -- pages ----------------------------------------------------------------------------
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def page_slots(pages: Sequence[int], page_size: int) -> tuple[int, ...]:
-    """Every slot of ``pages`` in order (whole pages)."""
-    return tuple(page * page_size + offset for page in pages for offset in range(page_size))
 
 
 # -- retained prefixes -------------------------------------------------------------

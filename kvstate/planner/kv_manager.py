@@ -48,21 +48,20 @@ from kvstate.events import (
     Touch,
     Unlock,
 )
+from kvstate.planner.alloc import cdiv
 from kvstate.planner.builder import Builder
 from kvstate.planner.evict import eviction_order, freed_pages, lru_priority
 from kvstate.planner.kv_layout import (
     anchor_name,
-    cdiv,
     core_names,
     find_prefix,
     layer_name,
     layer_pages,
-    page_slots,
     prefix_key,
     prefix_node_of,
     prefix_tokens_of,
 )
-from kvstate.state import DETACHED, ROOT
+from kvstate.state import DETACHED, ROOT, expand_pages
 
 
 def usable_free_pages(state: Any, phantom_pages: int) -> int:
@@ -149,7 +148,7 @@ def _allocate_layers(b: Builder, request_id: str, num_layers: int, per_layer: in
     size = b.state.geometry.page_size
     fresh = b.state.free_pages.head(num_layers * per_layer)
     items = tuple((layer_name(request_id, layer),
-                   page_slots(fresh[layer * per_layer:(layer + 1) * per_layer], size))
+                   expand_pages(fresh[layer * per_layer:(layer + 1) * per_layer], size))
                   for layer in range(num_layers))
     b.emit(Allocate(tuple(fresh), items))
 
@@ -204,11 +203,11 @@ def plan_paged_append(b: Builder, request_id: str, layer: int, phantom_pages: in
             b.emit(Evict(evict, at_head=True))
         (page,) = b.state.free_pages.head(1)
         if growing:
-            b.emit(Allocate((page,), ((table, page_slots((page,), size)),)))
+            b.emit(Allocate((page,), ((table, expand_pages((page,), size)),)))
         else:
             b.emit(Allocate((page,)))
             b.emit(Copy((record.pages[index],), (page,)))
-            b.emit(Assign(table, index * size, page_slots((page,), size)))
+            b.emit(Assign(table, index * size, expand_pages((page,), size)))
     else:
         page = record.pages[index]
     b.emit(Append(((table, position + 1),)))
@@ -251,13 +250,13 @@ def plan_open_with_prefix(b: Builder, request_id: str, num_layers: int, prefix_h
         b.emit(Allocate(fresh))
         node_id = b.state.next_node_id
         b.emit(Insert(ROOT, prefix_key(prefix_hash, prefix_tokens, len(fresh) * size),
-                      page_slots(fresh, size), node_id, b.state.clock + 1, DETACHED))
+                      expand_pages(fresh, size), node_id, b.state.clock + 1, DETACHED))
         b.emit(Lock(node_id))
     node = b.state.nodes[node_id]
-    b.emit(Share(anchor_name(request_id), 0, page_slots(node.pages[:1], size)))
+    b.emit(Share(anchor_name(request_id), 0, expand_pages(node.pages[:1], size)))
     for layer in range(num_layers):
         b.emit(Share(layer_name(request_id, layer), 0,
-                     page_slots(layer_pages(node, num_layers, layer), size)))
+                     expand_pages(layer_pages(node, num_layers, layer), size)))
     if not registering:
         b.emit(Append(tuple((layer_name(request_id, layer), prefix_tokens)
                             for layer in range(num_layers))))

@@ -11,18 +11,15 @@ planner (``kvstate.simulate.vllm_driver``, imported on first use).
 
 from kvstate.simulate.driver import TraceSimulator, block_units, simulate
 from kvstate.simulate.point import SimulationError
-from kvstate.simulate.policies import BUILTIN_POLICIES, VLLM_POLICY, PolicyError, load_policy
+from kvstate.simulate.policies import VLLM_POLICY
 from kvstate.simulate.settings import SimulationResult, SimulationSettings
 
 __all__ = [
-    "BUILTIN_POLICIES",
-    "PolicyError",
     "SimulationError",
     "SimulationResult",
     "SimulationSettings",
     "TraceSimulator",
     "VLLM_POLICY",
     "block_units",
-    "load_policy",
     "simulate",
 ]

@@ -38,6 +38,7 @@ import attrs
 from kvstate.engine import Engine
 from kvstate.events import Assign, Evict, Lock, ReqAlloc, Split
 from kvstate.planner.alloc import plan_extend
+from kvstate.planner.policy import EvictionPolicy, load_policy
 from kvstate.planner.requests import RequestCursor, plan_release
 from kvstate.planner.tree_ops import plan_match
 from kvstate.simulate.point import (
@@ -45,7 +46,7 @@ from kvstate.simulate.point import (
     ProgressCallback,
     run_point,
 )
-from kvstate.simulate.policies import VLLM_POLICY, EvictionPolicy, load_policy
+from kvstate.simulate.policies import VLLM_POLICY
 from kvstate.simulate.settings import SimulationResult, SimulationSettings
 from kvstate.state import ROOT, Geometry, RequestId
 from kvstate.traces.records import TraceRequest

@@ -46,8 +46,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvstate.events import Event
-from kvstate.events import BlockUncache
+from kvstate.events import BlockUncache, Event
 from kvstate.simulate.driver import block_units
 from kvstate.simulate.point import (
     PointSimulator,
@@ -55,7 +54,7 @@ from kvstate.simulate.point import (
 )
 from kvstate.simulate.policies import VLLM_POLICY
 from kvstate.simulate.settings import SimulationSettings
-from kvstate.state import State, block_child_key
+from kvstate.state import block_child_key
 from kvstate.traces.records import TraceRequest
 from kvstate.traces.tokens import private_tokens
 from kvstate.vllm.hashing import hash_block_tokens, none_hash
