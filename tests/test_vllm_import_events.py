@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 
 from kvstate.cli import main
-from kvstate.log import replay_path
-from kvstate.vllm.importer import BlockIndexImporter, read_capture
+from kvstate.replay import replay_path
+from kvstate.vllm.importer import MAX_BLOCK_SIZE, BlockIndexImporter, read_capture
 from kvstate.vllm.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -161,3 +163,149 @@ def test_import_from_a_live_endpoint_with_replay(tmp_path: Path,
     counts = json.loads(capsys.readouterr().out)
     assert counts["stored_blocks"] == 8 and counts["clears"] == 1
     assert replay_path(str(log)).ok
+
+
+# ------------------------------------------------------------------ hostile captures
+
+
+def _import(argv: list[str]) -> int:
+    return main(["import-events", *argv])
+
+
+def test_a_capture_over_100_mib_imports_in_bounded_memory(tmp_path: Path) -> None:
+    capture = tmp_path / "big.msgpack"
+    stored = BlockStored([1], None, [1, 2, 3, 4], BS, None, "GPU", None)
+    with capture.open("wb") as handle:
+        handle.write(encode_event_batch(KVEventBatch(0.0, [stored], None)))
+        for index in range(101):  # 1 MiB batches of offloaded blocks (skipped, but read)
+            offloaded = BlockStored([index + 2], None, [5, 6, 7, 8], BS, None, "CPU", None,
+                                    session_id="s" * 2**20)
+            handle.write(encode_event_batch(KVEventBatch(1.0, [offloaded], None)))
+    assert capture.stat().st_size > 100 * 2**20
+    tracemalloc.start()
+    try:
+        code = _import([str(capture), "-o", str(tmp_path / "big.kvlog"), "--json"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 0
+    assert peak < 16 * 2**20, f"peak {peak / 2**20:.1f} MiB for a 101 MiB capture"
+    assert replay_path(str(tmp_path / "big.kvlog")).ok
+
+
+def test_a_truncated_last_batch_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    batches = captured_batches()
+    whole = b"".join(encode_event_batch(batch) for batch in batches)
+    cut_at = len(whole) - len(encode_event_batch(batches[-1]))  # where the last batch starts
+    capture = tmp_path / "cut.msgpack"
+    capture.write_bytes(whole[:-3])
+    log = tmp_path / "cut.kvlog"
+    assert _import([str(capture), "-o", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert f"byte {cut_at}" in err and "ends inside an item" in err
+    assert _import([str(capture), "-o", str(log), "--salvage", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["salvage"]["byte_offset"] == cut_at
+    assert report["salvage"]["bytes_dropped"] == len(whole) - 3 - cut_at
+    assert report["batches"] == len(batches) - 1 and report["clears"] == 0
+    assert replay_path(str(log)).ok
+    with pytest.raises(KVEventDecodeError, match=f"byte {cut_at}"):
+        read_capture(whole[:-3])
+
+
+@pytest.mark.parametrize("block_size", [0, -4, 2**62, 10**7, MAX_BLOCK_SIZE + 1])
+def test_declared_block_sizes_are_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          block_size: int) -> None:
+    capture = tmp_path / "size.msgpack"
+    write_capture(capture, [KVEventBatch(0.0, [BlockStored([1], None, [1, 2, 3, 4], block_size,
+                                                           None, "GPU", None)], None)])
+    tracemalloc.start()
+    try:
+        code = _import([str(capture), "-o", str(tmp_path / "size.kvlog")])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 2
+    assert peak < 8 * 2**20, f"peak {peak / 2**20:.1f} MiB for block_size {block_size}"
+    err = capsys.readouterr().err
+    assert "byte 0" in err and ("outside 1..65536" in err or "only 4 token ids" in err)
+
+
+def test_memory_does_not_scale_with_the_declared_block_size(tmp_path: Path) -> None:
+    """A store declaring big blocks but carrying few tokens is refused, not padded."""
+    capture = tmp_path / "short.msgpack"
+    good = BlockStored([1], None, list(range(MAX_BLOCK_SIZE)), MAX_BLOCK_SIZE, None, "GPU", None)
+    short = BlockStored(list(range(2, 2002)), 1, [1], MAX_BLOCK_SIZE, None, "GPU", None)
+    write_capture(capture, [KVEventBatch(0.0, [good], None), KVEventBatch(1.0, [short], None)])
+    tracemalloc.start()
+    try:
+        with pytest.raises(KVEventDecodeError, match="carries only 1 token ids"):
+            BlockIndexImporter(read_capture(capture.read_bytes()))
+        importer = BlockIndexImporter(read_capture(capture.read_bytes()), salvage=True)
+        importer.run()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert importer.stats.stored_blocks == 1 and importer.stopped is not None
+    assert peak < 32 * 2**20, f"peak {peak / 2**20:.1f} MiB"  # 2000 padded blocks would be ~1 GiB
+
+
+def _scripted_publisher(messages: list[tuple[int, bytes]]) -> tuple[str, Any]:
+    """An XPUB on loopback that sends ``messages`` once a subscriber has joined."""
+    import threading
+
+    zmq = pytest.importorskip("zmq")
+    context = zmq.Context()
+    pub = context.socket(zmq.XPUB)
+    pub.bind("tcp://127.0.0.1:0")
+    endpoint = pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    def serve() -> None:
+        if pub.poll(5000):
+            pub.recv()  # the subscription
+            for seq, payload in messages:
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+        pub.close(linger=1000)
+        context.term()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return endpoint, thread
+
+
+@pytest.mark.parametrize("salvage", [False, True])
+def test_a_live_import_reports_drops_and_turns_a_restart_into_a_clear(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], salvage: bool) -> None:
+    stored = [encode_event_batch(KVEventBatch(float(i), [BlockStored([10 + i], None, [i] * BS, BS, None,
+                                                                     "GPU", None)], 0)) for i in range(4)]
+    # seq 1 is junk; the engine restarts after seq 2 and numbers 0, 1 again.
+    endpoint, thread = _scripted_publisher([(0, stored[0]), (1, b"\xc1junk"), (2, stored[1]),
+                                            (0, stored[2]), (1, stored[3])])
+    log = tmp_path / "live.kvlog"
+    argv = [endpoint, "--idle-seconds", "1", "-o", str(log), "--json"]
+    code = _import(argv + (["--salvage"] if salvage else []))
+    thread.join(5)
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert report["subscriber"]["dropped"] == {"undecodable": 1}
+    assert report["subscriber"]["resets"] == 1
+    assert (report["stored_blocks"], report["clears"]) == (4, 1)
+    assert replay_path(str(log)).ok
+    if salvage:
+        assert code == 0
+    else:
+        assert code == 2 and "1 messages were dropped or missed" in err
+
+
+def test_a_hash_stored_on_two_chains_is_removed_copy_by_copy() -> None:
+    """Found by the adversarial suite: hash 5 names two different token chains (a
+    collision or a broken producer).  Each removal must take one of *its* copies, so
+    the pool the survey sized is never exceeded by a later store."""
+    events = [BlockStored([5], None, [1] * BS, BS, None, "GPU", None),
+              BlockStored([5], None, [2] * BS, BS, None, "GPU", None),
+              BlockRemoved([5], "GPU"), BlockRemoved([5], "GPU"),
+              BlockStored([1, 2], None, [3] * (2 * BS), BS, None, "GPU", None)]
+    importer = BlockIndexImporter([KVEventBatch(0.0, events, None)])
+    state = importer.run().state
+    assert importer.stats.peak_copies == 2 and importer.stats.unknown_removals == 0
+    assert sorted(len(node.pages) for node_id, node in state.nodes.items() if node_id != 0) == [1, 1]

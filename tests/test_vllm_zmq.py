@@ -24,6 +24,7 @@ from kvstate.vllm.kv_events import (  # noqa: E402
 )
 from kvstate.vllm.zmq_events import (  # noqa: E402
     END_SEQ,
+    DropReason,
     KVEventsConfig,
     KVEventSubscriber,
     SequencedBatch,
@@ -361,8 +362,13 @@ def test_subscriber_without_replay_records_gap_and_bad_payloads(context: Any) ->
             got.extend(subscriber.receive(timeout_s=0.1))
         assert [item.seq for item in got] == [6]
         assert subscriber.missed == [(1, 4)]
-        assert [(seq, payload) for seq, payload, _ in subscriber.undecodable] == [(5, b"\xc1not msgpack")]
-        assert subscriber.malformed_messages == 1
+        stats = subscriber.stats
+        assert stats.dropped[DropReason.UNDECODABLE] == 1
+        assert stats.dropped[DropReason.MALFORMED_FRAMES] == 1
+        assert stats.missed_batches == 4 and stats.delivered == 2
+        undecodable = [s for s in subscriber.dropped_samples if s.reason == DropReason.UNDECODABLE]
+        assert [(s.seq, s.head, s.size) for s in undecodable] == [(5, b"\xc1not msgpack", 12)]
+        assert "not valid msgpack" in undecodable[0].detail
         assert subscriber.replay_requests == 0
     finally:
         subscriber.close()

@@ -20,24 +20,29 @@ owns its engine and counters.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
-import msgpack
 
 from kvstate.engine import Engine
 from kvstate.events import BlockAlloc, BlockCache, BlockClear, BlockRelease, BlockUncache
 from kvstate.state import DETACHED, ROOT, Geometry, block_child_key
+from kvstate.vllm.capture import CaptureError, read_capture
 from kvstate.vllm.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVCacheEvent,
     KVEventBatch,
-    KVEventDecodeError,
-    decode_event_batch,
 )
+
+__all__ = ["MAX_BLOCK_SIZE", "BlockIndexImporter", "CaptureError", "ImportStats", "read_capture"]
+
+MAX_BLOCK_SIZE = 1 << 16
+"""Largest ``block_size`` an imported ``BlockStored`` may declare (vLLM and SGLang
+use at most a few thousand tokens per block); a larger one is malformed input."""
 
 
 @attrs.define
@@ -54,7 +59,7 @@ class ImportStats:
     clears: int = 0
     orphan_chains: int = 0  # a store whose parent hash was never seen
     skipped_other_medium: int = 0
-    token_mismatches: int = 0  # token_ids not len(block_hashes) * block_size
+    token_mismatches: int = 0  # more token_ids than len(block_hashes) * block_size (extra ignored)
     peak_copies: int = 0
     block_size: int = 0
 
@@ -68,47 +73,43 @@ def _deep_tuple(value: Any) -> Any:
     return value
 
 
-def read_capture(data: bytes) -> list[KVEventBatch]:
-    """Batches from a capture file: concatenated msgpack objects, each a batch or
-    ``[seq, payload]`` / ``[topic, seq, payload]`` frames.  Raises ``KVEventDecodeError``."""
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_ext_len=0)
-    unpacker.feed(data)
-    batches: list[KVEventBatch] = []
-    try:
-        for index, item in enumerate(unpacker):
-            if isinstance(item, list) and item and isinstance(item[-1], bytes) \
-                    and len(item) in (2, 3):
-                batches.append(decode_event_batch(item[-1]))
-            elif isinstance(item, list):
-                batches.append(decode_event_batch(msgpack.packb(item, use_bin_type=True)))
-            else:
-                raise KVEventDecodeError(f"capture item {index} is a {type(item).__name__}, "
-                                         "not a batch or a frame list")
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
-        if isinstance(exc, KVEventDecodeError):
-            raise
-        raise KVEventDecodeError(f"capture is not a msgpack stream: {exc}") from exc
-    return batches
-
-
-def _events(batches: Iterable[KVEventBatch]) -> Iterator[KVCacheEvent]:
-    for batch in batches:
-        yield from batch.events
+BatchSource = Sequence[KVEventBatch] | Callable[[], Iterable[KVEventBatch]]
 
 
 class BlockIndexImporter:
-    """Replays KV events into a block-mode engine (``.engine``, ``.stats``)."""
+    """Replays KV events into a block-mode engine (``.engine``, ``.stats``).
 
-    def __init__(self, batches: list[KVEventBatch], *, medium: str | None = "GPU") -> None:
-        self.batches = batches
+    ``batches`` is a sequence, or a callable returning a fresh iterable (such
+    as a :class:`~kvstate.vllm.capture.CaptureReader`) each time: the importer
+    reads it twice, once to size the pool and validate, once to apply, and
+    keeps neither the batches nor the applied events, so a capture imports in
+    memory proportional to the index it describes.  Invalid input raises
+    :class:`CaptureError` (with the byte offset when the iterable has an
+    ``offset``).  ``salvage=True`` instead imports the batches before the first
+    bad one and sets :attr:`stopped` to the error.
+    """
+
+    def __init__(self, batches: BatchSource, *, medium: str | None = "GPU",
+                 salvage: bool = False) -> None:
+        self._source: Callable[[], Iterable[KVEventBatch]] = (
+            batches if callable(batches) else lambda: batches)
         self.medium = medium
-        self.stats = ImportStats(batches=len(batches))
+        self.salvage = salvage
+        self.stopped: CaptureError | None = None
+        self._limit: int | None = None  # batches to apply (salvage: those before the bad one)
+        self.stats = ImportStats()
         block_size, peak = self._survey()
         self.stats.block_size = block_size
         self.stats.peak_copies = peak
         self.engine = Engine(Geometry(num_pages=max(peak, 1), page_size=block_size,
-                                      row_width=block_size, mode="block"))
+                                      row_width=block_size, mode="block"), keep_events=False)
+        # The latest node of each (group, hash), to find a store's parent.
         self._node_of: dict[tuple[int | None, Any], int] = {}
+        self._sweep_at = 1024
+        # The node of every live copy of each (group, hash), newest last.  A removal
+        # takes one of these, so the copies alive are exactly those the survey counted
+        # (and the pool it sized suffices) even when one hash names two token chains.
+        self._copies: dict[tuple[int | None, Any], list[int]] = {}
 
     def _relevant(self, event: KVCacheEvent) -> bool:
         if isinstance(event, AllBlocksCleared):
@@ -118,38 +119,78 @@ class BlockIndexImporter:
         return True
 
     def _survey(self) -> tuple[int, int]:
-        """Block size and the most copies alive at once (so the pool never runs short)."""
+        """Validate every batch; the block size and the most copies alive at once
+        (so the pool never runs short)."""
         copies: dict[tuple[int | None, Any], int] = {}
-        live = peak = 0
-        block_size = 0
-        for event in _events(self.batches):
-            if not self._relevant(event):
-                continue
-            if isinstance(event, BlockStored):
-                if block_size and event.block_size != block_size:
-                    raise ValueError(f"block size changes from {block_size} to {event.block_size}")
-                block_size = event.block_size
-                for value in event.block_hashes:
-                    key = (event.group_idx, value)
-                    copies[key] = copies.get(key, 0) + 1
-                live += len(event.block_hashes)
-                peak = max(peak, live)
-            elif isinstance(event, BlockRemoved):
-                for value in event.block_hashes:
-                    key = (event.group_idx, value)
-                    if copies.get(key, 0) > 0:
-                        copies[key] -= 1
-                        live -= 1
-            else:
-                copies.clear()
-                live = 0
+        live = peak = block_size = 0
+        batches = iter(self._source())
+        index = 0
+        while True:
+            try:
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                block_size = self._check(batch, block_size, getattr(batches, "offset", None), index)
+            except CaptureError as error:
+                if not self.salvage:
+                    raise
+                self.stopped, self._limit = error, index
+                break
+            index += 1
+            for event in batch.events:
+                if not self._relevant(event):
+                    continue
+                if isinstance(event, BlockStored):
+                    for value in event.block_hashes:
+                        key = (event.group_idx, value)
+                        copies[key] = copies.get(key, 0) + 1
+                    live += len(event.block_hashes)
+                    peak = max(peak, live)
+                elif isinstance(event, BlockRemoved):
+                    for value in event.block_hashes:
+                        key = (event.group_idx, value)
+                        left = copies.get(key, 0)
+                        if left > 0:
+                            live -= 1
+                            if left == 1:
+                                del copies[key]  # keep the survey's memory to the live copies
+                            else:
+                                copies[key] = left - 1
+                else:
+                    copies.clear()
+                    live = 0
+        self.stats.batches = index
         if block_size <= 0:
-            raise ValueError("the capture has no BlockStored event with a positive block size")
+            raise CaptureError(None, "the capture has no BlockStored event with a positive block size")
         return block_size, peak
+
+    def _check(self, batch: KVEventBatch, block_size: int, offset: int | None, index: int) -> int:
+        """The block size after ``batch``; raises ``CaptureError`` for a declared
+        size out of bounds or a store with fewer token ids than its blocks hold."""
+        for event in batch.events:
+            if not isinstance(event, BlockStored):
+                continue
+            size = event.block_size
+            problem = None
+            if not 1 <= size <= MAX_BLOCK_SIZE:
+                problem = f"block_size {size} outside 1..{MAX_BLOCK_SIZE}"
+            elif len(event.token_ids) < len(event.block_hashes) * size:
+                problem = (f"a BlockStored of {len(event.block_hashes)} blocks of {size} tokens "
+                           f"carries only {len(event.token_ids)} token ids")
+            elif self._relevant(event) and block_size and size != block_size:
+                problem = f"block size changes from {block_size} to {size}"
+            if problem is not None:
+                raise CaptureError(offset, problem, index)
+            if self._relevant(event):
+                block_size = size
+        return block_size
+
+    def _batches(self) -> Iterator[KVEventBatch]:
+        return itertools.islice(self._source(), self._limit)
 
     def run(self) -> Engine:
         """Apply every event (mutates the importer's engine and stats); returns the engine."""
-        for event in _events(self.batches):
+        for event in (event for batch in self._batches() for event in batch.events):
             if not self._relevant(event):
                 self.stats.skipped_other_medium += 1
             elif isinstance(event, BlockStored):
@@ -167,11 +208,13 @@ class BlockIndexImporter:
         count = len(event.block_hashes)
         if count == 0:
             return
-        tokens = list(event.token_ids)
+        tokens = event.token_ids
         if len(tokens) != count * size:
+            # More token ids than the blocks hold (vLLM counts the tokens of skipped null
+            # blocks); fewer were refused by the survey, so keys never need padding and
+            # the index holds no more tokens than the capture carries.
             stats.token_mismatches += 1
-            tokens = tokens[-count * size:] if len(tokens) > count * size else \
-                tokens + [-1] * (count * size - len(tokens))
+            tokens = tokens[-count * size:]
         extras = list(event.extra_keys) if event.extra_keys is not None else [None] * count
         extras += [None] * (count - len(extras))
         group = event.group_idx
@@ -204,9 +247,19 @@ class BlockIndexImporter:
                 stats.duplicate_copies += 1
             entries.append((child, key, extra, pages[index]))
             self._node_of[(group, value)] = child
+            self._copies.setdefault((group, value), []).append(child)
             current = child
         stats.stored_blocks += count
         self.engine.apply(BlockCache(parent, entries, 0))
+        if len(self._node_of) > self._sweep_at:
+            self._forget_gone_nodes()
+
+    def _forget_gone_nodes(self) -> None:
+        """Drop hash entries whose node left the tree (node ids are never reused, so
+        such an entry can never match again); keeps the map to the index's size."""
+        nodes = self.engine.state.nodes
+        self._node_of = {key: node for key, node in self._node_of.items() if node in nodes}
+        self._sweep_at = 2 * len(self._node_of) + 1024  # amortised: the next sweep waits as long
 
     @staticmethod
     def _extra(published: Any, group: int | None, orphan_mark: Any) -> Any:
@@ -222,11 +275,15 @@ class BlockIndexImporter:
     def _remove(self, event: BlockRemoved) -> None:
         for value in event.block_hashes:
             self.stats.removed_blocks += 1
-            node_id = self._node_of.get((event.group_idx, value))
-            node = self.engine.state.nodes.get(node_id) if node_id is not None else None
-            if node is None or not node.pages:
+            key = (event.group_idx, value)
+            copies = self._copies.get(key)
+            if not copies:
                 self.stats.unknown_removals += 1
                 continue
+            node_id = copies.pop()
+            if not copies:
+                del self._copies[key]
+            node = self.engine.state.nodes[node_id]  # it holds this copy's page
             if len(node.pages) > 1:
                 self.stats.removed_with_copies_left += 1
             page = node.pages[0]
@@ -240,3 +297,4 @@ class BlockIndexImporter:
         if held:
             self.engine.apply(BlockRelease(DETACHED, held))
         self._node_of.clear()
+        self._copies.clear()

@@ -3,7 +3,9 @@
 The classes carry vLLM's class and attribute names
 (``vllm.distributed.kv_events``) but store sequences as tuples (lists passed
 in are converted), so events are hashable and can be shared freely.  Their
-msgpack wire forms live in :mod:`kvstate.vllm.kv_events`.
+msgpack wire forms live in :mod:`kvstate.vllm.kv_events` (encoding) and
+:mod:`kvstate.vllm.kv_event_decode` (decoding); the field layouts both follow
+are at the end of this module.  Constants and frozen classes only.
 """
 
 from __future__ import annotations
@@ -117,3 +119,45 @@ class KVEventBatch:
     ts: float = attrs.field(converter=float)
     events: tuple[KVCacheEvent, ...] = attrs.field(converter=_events)
     data_parallel_rank: int | None = None
+
+
+# Field layouts in declaration order: (name, always written in map form).
+# vLLM 0.33 writes the fields without a default even when they are None.
+_STORED_FIELDS: tuple[tuple[str, bool], ...] = (
+    ("block_hashes", True),
+    ("parent_block_hash", True),
+    ("token_ids", True),
+    ("block_size", True),
+    ("lora_id", True),
+    ("medium", True),
+    ("lora_name", True),
+    ("extra_keys", False),
+    ("group_idx", False),
+    ("kv_cache_spec_kind", False),
+    ("kv_cache_spec_sliding_window", False),
+    ("locality", False),
+    ("ownership", False),
+    ("session_id", False),
+    ("lookahead_token_ids", False),
+)
+_REMOVED_FIELDS: tuple[tuple[str, bool], ...] = (
+    ("block_hashes", True),
+    ("medium", True),
+    ("group_idx", False),
+    ("locality", False),
+    ("ownership", False),
+)
+# How many fields the array form always writes (the snapshot schema of reference §2.4).
+_STORED_ARRAY_FIXED = 11
+_REMOVED_ARRAY_FIXED = 3
+# Fields a decoded event must carry.  Narrower than "always written": SGLang
+# leaves out ``medium`` and ``lora_name`` when they are None, and older vLLM
+# schemas lack them, so the decoder fills them with None.
+DECODE_REQUIRED = frozenset({"block_hashes", "parent_block_hash", "token_ids", "block_size"})
+
+FIELD_LAYOUTS: dict[str, tuple[tuple[str, bool], ...]] = {
+    "BlockStored": _STORED_FIELDS,
+    "BlockRemoved": _REMOVED_FIELDS,
+    "AllBlocksCleared": (),
+}
+ARRAY_FIXED_FIELDS = {"BlockStored": _STORED_ARRAY_FIXED, "BlockRemoved": _REMOVED_ARRAY_FIXED}
