@@ -26,7 +26,9 @@ that event), and must define ``after(events, view)``, called once per
 committed batch, after every event of it was applied.  So a listener that fails never
 leaves the engine between two events of a decision: the batch is applied
 whole, the failing listener is detached, and its error is raised after the
-others ran.  A plain callable ``fn(event, view)`` is called per event from
+others ran.  A listener may also define ``rolled_back(events)``: the events of
+a batch that failed part way, which the engine has undone (``before`` saw
+them, ``after`` never will).  A plain callable ``fn(event, view)`` is called per event from
 ``after`` (it then sees the state after the whole batch).
 """
 
@@ -230,7 +232,13 @@ class Engine:
         events, self._batch = self._batch, None
         if failed is not None:
             if events:
-                self._roll_back(*start, failed)
+                try:
+                    self._roll_back(*start, failed)
+                finally:
+                    for listener in self._listeners:
+                        hook = getattr(listener, "rolled_back", None)
+                        if hook is not None:
+                            hook(events)
             return
         if events:
             self._commit(events)

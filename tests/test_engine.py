@@ -78,6 +78,25 @@ def test_a_failed_batch_rolls_back():
     assert engine.view.fingerprint() == before and engine.state.fingerprint() == before
 
 
+def test_listeners_hear_of_a_rolled_back_batch():
+    engine = Engine(GEOMETRY)
+    _run(engine)
+    undone: list[list[str]] = []
+
+    class Follower:
+        def after(self, events, view):
+            raise AssertionError("a rolled-back batch is never committed")
+
+        def rolled_back(self, events):
+            undone.append([type(event).__name__ for event in events])
+
+    engine.subscribe(Follower())
+    with pytest.raises(InvalidEvent), engine.batch() as b:
+        b.emit(ev.ReqAlloc((2,)))
+        b.emit(ev.Free((1,)))
+    assert undone == [["ReqAlloc"]]  # the refused event is not among them: it never applied
+
+
 def test_a_batch_that_cannot_roll_back_breaks_the_engine():
     engine = Engine(GEOMETRY)
     engine.state  # noqa: B018 - freeze once so a journal exists
