@@ -218,7 +218,7 @@ class BlockIndexImporter:
         extras = list(event.extra_keys) if event.extra_keys is not None else [None] * count
         extras += [None] * (count - len(extras))
         group = event.group_idx
-        state = self.engine.state
+        state = self.engine.view
         parent = ROOT
         orphan_mark: Any = None
         if event.parent_block_hash is not None:
@@ -230,7 +230,7 @@ class BlockIndexImporter:
                 orphan_mark = ("parent", event.parent_block_hash)
         pages = tuple(state.free_pages.head(count))
         self.engine.apply(BlockAlloc(DETACHED, pages))
-        state = self.engine.state
+        state = self.engine.view
         entries = []
         current = parent
         next_id = state.next_node_id
@@ -250,14 +250,14 @@ class BlockIndexImporter:
             self._copies.setdefault((group, value), []).append(child)
             current = child
         stats.stored_blocks += count
-        self.engine.apply(BlockCache(parent, entries, 0))
+        self.engine.apply(BlockCache(parent, tuple(entries), 0))
         if len(self._node_of) > self._sweep_at:
             self._forget_gone_nodes()
 
     def _forget_gone_nodes(self) -> None:
         """Drop hash entries whose node left the tree (node ids are never reused, so
         such an entry can never match again); keeps the map to the index's size."""
-        nodes = self.engine.state.nodes
+        nodes = self.engine.view.nodes
         self._node_of = {key: node for key, node in self._node_of.items() if node in nodes}
         self._sweep_at = 2 * len(self._node_of) + 1024  # amortised: the next sweep waits as long
 
@@ -283,17 +283,17 @@ class BlockIndexImporter:
             node_id = copies.pop()
             if not copies:
                 del self._copies[key]
-            node = self.engine.state.nodes[node_id]  # it holds this copy's page
+            node = self.engine.view.nodes[node_id]  # it holds this copy's page
             if len(node.pages) > 1:
                 self.stats.removed_with_copies_left += 1
             page = node.pages[0]
-            self.engine.apply(BlockUncache([page], [node_id]))
-            self.engine.apply(BlockRelease(DETACHED, [page]))
+            self.engine.apply(BlockUncache((page,), (node_id,)))
+            self.engine.apply(BlockRelease(DETACHED, (page,)))
 
     def _clear(self) -> None:
         self.stats.clears += 1
         self.engine.apply(BlockClear())
-        held = sorted(self.engine.state.holders.keys())
+        held = tuple(sorted(self.engine.view.holders.keys()))
         if held:
             self.engine.apply(BlockRelease(DETACHED, held))
         self._node_of.clear()
