@@ -87,6 +87,18 @@ def test_a_hash_stays_indexed_until_its_last_copy_goes() -> None:
     assert importer.stats.removed_with_copies_left == 1
 
 
+def test_published_extra_keys_key_distinct_blocks() -> None:
+    """Flat keys stay readable; nested or odd ones are named by a digest (never refused)."""
+    published = [[1], [["mm", 7]], [1.5], ["x" * 5000], None]
+    stored = [BlockStored([index + 1], None, [1, 2, 3, 4], BS, None, "GPU", None,
+                          extra_keys=[keys]) for index, keys in enumerate(published)]
+    importer = BlockIndexImporter([KVEventBatch(0.0, stored, None)])
+    state = importer.run().state
+    extras = sorted((n.extra for node_id, n in state.nodes.items() if node_id != 0), key=repr)
+    assert len(extras) == 5 and extras[0] == (("keys", 1),) and extras[-1] is None  # all distinct
+    assert sum(1 for extra in extras if extra and extra[0][0] == "keys-sha256") == 3
+
+
 def test_sglang_array_form_with_orphan_parent(tmp_path: Path) -> None:
     events = [BlockStored([-5, 7], -3, list(range(8)), BS, None, None, None),
               BlockRemoved([7], None), BlockRemoved([99], None), AllBlocksCleared()]

@@ -20,6 +20,7 @@ owns its engine and counters.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ import attrs
 
 from kvstate.engine import Engine
 from kvstate.events import BlockAlloc, BlockCache, BlockClear, BlockRelease, BlockUncache
+from kvstate.events.base import MAX_ID, MAX_NAME_CHARS
 from kvstate.state import DETACHED, ROOT, Geometry, block_child_key
 from kvstate.vllm.capture import CaptureError, read_capture
 from kvstate.vllm.kv_events import (
@@ -71,6 +73,20 @@ def _deep_tuple(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_deep_tuple(item) for item in value)
     return value
+
+
+def _published_key(published: Any) -> tuple[Any, ...]:
+    """One block's published extra keys as a flat tagged key the core accepts.
+
+    Flat keys of ints and short strings stay readable (``("keys", *values)``);
+    anything else (nested arrays, floats, bytes, long strings) is named by the
+    SHA-256 of its repr under another tag, so distinct keys never meet.
+    """
+    values = _deep_tuple(published)
+    if all((type(v) is int and -MAX_ID - 1 <= v <= MAX_ID)
+           or (type(v) is str and len(v) <= MAX_NAME_CHARS) for v in values):
+        return ("keys", *values)
+    return ("keys-sha256", hashlib.sha256(repr(values).encode()).hexdigest())
 
 
 BatchSource = Sequence[KVEventBatch] | Callable[[], Iterable[KVEventBatch]]
@@ -269,7 +285,7 @@ class BlockIndexImporter:
         if orphan_mark is not None:
             parts.append(orphan_mark)
         if published is not None:
-            parts.append(("keys", _deep_tuple(published)))
+            parts.append(_published_key(published))
         return tuple(parts) if parts else None
 
     def _remove(self, event: BlockRemoved) -> None:
