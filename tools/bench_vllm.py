@@ -10,7 +10,11 @@ log ``Recorder`` attached (the event log recording on).  Reported:
 * touch: ``touch`` of k cached free blocks (ns per block; the untimed free puts them back);
 * cache: ``cache_full_blocks`` of k fresh blocks (ns per block; untimed evict/free after);
 * hashing: building a request of 50k tokens, block size 16 (ns per token);
-* manager: a scheduler-like loop (admit with prefix hits, decode, free) (us per call).
+* manager: a scheduler-like loop (admit with prefix hits, decode, free) (us per call);
+* hybrid managers: the same loop for a full-attention group next to a sliding-window group,
+  a Mamba "align" group, or both (``KVCacheConfig`` with the engine's retention 0; admission
+  with ``full_sequence_must_fit``; a Mamba prompt prefills in two chunks, up to its last
+  aligned block and the rest, as vLLM's scheduler splits it when there is no junction).
 
 Each figure is the best (minimum) of ``--rounds`` x ``--repeat`` runs of ``time.perf_counter_ns``: the
 machine these run on is shared, and the minimum is the least disturbed run.  Both
@@ -39,9 +43,11 @@ def _median_ns(run: Callable[[], int], repeat: int) -> float:
     return float(min(run() for _ in range(repeat)))
 
 
-def workloads(api: dict[str, Any], repeat: int) -> dict[str, float]:
+def workloads(api: dict[str, Any], repeat: int, hybrid_only: bool = False) -> dict[str, float]:
     """Run every workload through ``api`` (pool/manager/request factories); ns figures."""
     out: dict[str, float] = {}
+    if hybrid_only:
+        return hybrid_workloads(api, repeat, out)
     clock = time.perf_counter_ns
     pool = api["pool"](NUM_BLOCKS)
     for count in (16, 128, 1024):
@@ -111,13 +117,78 @@ def workloads(api: dict[str, Any], repeat: int) -> dict[str, float]:
             manager.take_events()
         return (clock() - start) // calls
     out["manager loop (ns/call)"] = _median_ns(scheduler_loop, max(3, repeat // 5))
+    return hybrid_workloads(api, repeat, out)
+
+
+def hybrid_workloads(api: dict[str, Any], repeat: int, out: dict[str, float]) -> dict[str, float]:
+    for kind in HYBRID_KINDS:
+        out[f"hybrid {kind} loop (ns/call)"] = _median_ns(
+            lambda kind=kind: hybrid_loop(api, kind), max(3, repeat // 5))
     return out
+
+
+HYBRID_KINDS = ("full+swa", "full+mamba", "full+swa+mamba")
+
+
+def hybrid_loop(api: dict[str, Any], kind: str) -> int:
+    """The manager loop on a hybrid model; ns per manager call."""
+    clock = time.perf_counter_ns
+    manager = api["hybrid"](4096, kind)
+    mamba = "mamba" in kind
+    calls = 0
+    live: list[Any] = []
+    start = clock()
+    for index in range(200):
+        manager.new_step_starts()
+        req = api["request"](f"r{index}", [index % 7] * 64 + list(range(index, index + 40)))
+        blocks, hit, junction = manager.get_computed_blocks(req)
+        req.shared_prefix_boundary = junction
+        first = req.num_tokens - hit
+        if mamba and (req.num_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE > hit:
+            first = (req.num_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE - hit
+        new = manager.allocate_slots(req, first, hit, blocks, full_sequence_must_fit=True)
+        calls += 2
+        if new is not None:
+            req.num_computed_tokens = hit + first
+            rest = req.num_tokens - req.num_computed_tokens
+            if rest:
+                manager.new_step_starts()
+                manager.allocate_slots(req, rest)
+                req.num_computed_tokens += rest
+                calls += 1
+            live.append(req)
+        for running in live:
+            running.append_output_token_ids(index)
+            manager.allocate_slots(running, 1)
+            running.num_computed_tokens += 1
+            calls += 1
+        if len(live) > 16:
+            manager.free(live.pop(0))
+            calls += 1
+        manager.take_events()
+    return (clock() - start) // calls
+
+
+def hybrid_config(interface: Any, kind: str, num_blocks: int, dtype: Any) -> Any:
+    """``KVCacheConfig`` for ``kind`` with either side's classes (window 128, retention 0)."""
+    specs = [interface.FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=8,
+                                         dtype=dtype)]
+    if "swa" in kind:
+        specs.append(interface.SlidingWindowSpec(block_size=BLOCK_SIZE, num_kv_heads=1,
+                                                 head_size=8, dtype=dtype, sliding_window=128))
+    if "mamba" in kind:
+        specs.append(interface.MambaSpec(block_size=BLOCK_SIZE, shapes=((2, 8),),
+                                         dtypes=(dtype,), mamba_cache_mode="align"))
+    groups = [interface.KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
+    return interface.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                                   kv_cache_groups=groups, prefix_cache_retention_interval=0)
 
 
 # -- vLLM side ---------------------------------------------------------------------------------
 def vllm_api() -> dict[str, Any]:
     os.environ.setdefault("PYTHONHASHSEED", "0")
     import torch
+    import vllm.v1.kv_cache_interface as interface
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1.core.block_pool import BlockPool
@@ -139,16 +210,23 @@ def vllm_api() -> dict[str, Any]:
                               hash_block_size=BLOCK_SIZE, enable_caching=True,
                               enable_kv_cache_events=True)
 
+    def hybrid(num_blocks: int, kind: str) -> Any:
+        return KVCacheManager(hybrid_config(interface, kind, num_blocks, torch.float32),
+                              max_model_len=1 << 16, scheduler_block_size=BLOCK_SIZE,
+                              hash_block_size=BLOCK_SIZE, enable_kv_cache_events=True)
+
     return {
         "pool": lambda n: BlockPool(n, True, BLOCK_SIZE, enable_kv_cache_events=True),
         "request": lambda rid, tokens: Request(rid, tokens, params, None, block_hasher=hasher),
         "manager": manager,
+        "hybrid": hybrid,
     }
 
 
 # -- kvstate side ------------------------------------------------------------------------------
 def kvstate_api(record_dir: str | None) -> dict[str, Any]:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import kvstate.vllm.kv_cache_interface as interface
     from kvstate.log import Recorder
     from kvstate.vllm.block_pool import BlockPool
     from kvstate.vllm.manager import KVCacheManager
@@ -169,6 +247,9 @@ def kvstate_api(record_dir: str | None) -> dict[str, Any]:
         "manager": lambda n: attach(KVCacheManager(n, BLOCK_SIZE, 1 << 16,
                                                    enable_kv_cache_events=True, hash_seed="0",
                                                    keep_events=False)),
+        "hybrid": lambda n, kind: attach(KVCacheManager(
+            hybrid_config(interface, kind, n, "float32"), 1 << 16, BLOCK_SIZE, BLOCK_SIZE,
+            enable_kv_cache_events=True, hash_seed="0", keep_events=False)),
         "_recorders": recorders,
     }
 
@@ -179,10 +260,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", help="write a Markdown table here")
+    parser.add_argument("--hybrid-only", action="store_true",
+                        help="only the hybrid manager loops")
     parser.add_argument("--vllm-side", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.vllm_side:
-        json.dump(workloads(vllm_api(), args.repeat), sys.stdout)
+        json.dump(workloads(vllm_api(), args.repeat, args.hybrid_only), sys.stdout)
         return 0
     results: dict[str, dict[str, float]] = {}
 
@@ -195,16 +278,20 @@ def main() -> int:
     for _ in range(args.rounds):  # interleaved, so both sides see the same machine load
         if args.peer_python:
             proc = subprocess.run([args.peer_python, os.path.abspath(__file__), "--vllm-side",
-                                   "--repeat", str(args.repeat)], capture_output=True, text=True,
+                                   "--repeat", str(args.repeat),
+                                   *(["--hybrid-only"] if args.hybrid_only else [])],
+                                  capture_output=True, text=True,
                                   env=env)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return 2
             keep_best("vLLM 0.33", json.loads(proc.stdout))
-        keep_best("kvstate (events on)", workloads(kvstate_api(None), args.repeat))
+        keep_best("kvstate (events on)", workloads(kvstate_api(None), args.repeat,
+                                                   args.hybrid_only))
         with tempfile.TemporaryDirectory() as workdir:
             api = kvstate_api(workdir)
-            keep_best("kvstate (events + log recorder)", workloads(api, args.repeat))
+            keep_best("kvstate (events + log recorder)", workloads(api, args.repeat,
+                                                                   args.hybrid_only))
             for recorder in api["_recorders"]:
                 recorder.close()
     names = list(results)

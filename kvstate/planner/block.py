@@ -190,11 +190,14 @@ def plan_cache_blocks(b: Builder, request_id: RequestId, chain: BlockChain,
 def plan_allocate_slots(b: Builder, request_id: RequestId, chain: BlockChain,
                         running: Running | None, hits: Sequence[int] | None, *, num_local: int,
                         need_slots: int, cache_upto: int, remove_upto: int, window: int | None,
-                        caching: bool) -> Allocation | None:
+                        caching: bool, full_tokens: int | None = None,
+                        cap: int | None = None) -> Allocation | None:
     """vLLM ``allocate_slots`` once its arguments are checked; None when the pool is short.
 
     ``hits`` None: vLLM's empty-hit object (the request is not marked running
-    by it).  In vLLM's order: the out-of-window blocks up to ``remove_upto``
+    by it).  ``full_tokens`` set: first vLLM's full-sequence admission check
+    (the window's blocks counted at most ``cap``), None with no event when the
+    whole sequence would not fit.  In vLLM's order: the out-of-window blocks up to ``remove_upto``
     are freed (kept even when refused), the admission check (``None``, nothing
     more emitted), the hits are held behind nulls for skipped positions, the
     table grows to ``need_slots`` tokens from the queue head, and the full
@@ -207,6 +210,10 @@ def plan_allocate_slots(b: Builder, request_id: RequestId, chain: BlockChain,
     if hits is not None:
         check_hits(state, request_id, chain, running, hits, num_local, window=window,
                    caching=caching)
+    if full_tokens is not None and blocks_to_allocate(
+            state, request_id, running is not None, full_tokens, given, num_local, window,
+            cap) > len(state.free_pages):
+        return None
     plan_remove_skipped(b, request_id, remove_upto, window=window, caching=caching)
     needed = blocks_to_allocate(b.state, request_id, running is not None, need_slots, given,
                                 num_local, window)

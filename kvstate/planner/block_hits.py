@@ -92,15 +92,17 @@ def window_hit(copies: Sequence[int], window: int, block_size: int) -> list[int]
 
 
 def blocks_to_allocate(state: Any, request_id: RequestId, running: bool, num_tokens: int,
-                       hits: Sequence[int], total_computed: int, window: int | None) -> int:
+                       hits: Sequence[int], total_computed: int, window: int | None,
+                       cap: int | None = None) -> int:
     """How many free blocks giving the request ``num_tokens`` slots consumes (vLLM's predictor).
 
     A running request takes no hits (``ValueError``).  A new one needs the
     blocks past its hits and the window's skipped prefix, plus every kept hit
-    nobody holds (holding it takes it off the free queue).
+    nobody holds (holding it takes it off the free queue).  ``cap`` bounds the
+    blocks the request is counted to need (vLLM's sliding-window admission cap).
     """
     size = state.geometry.page_size
-    required = cdiv(num_tokens, size)
+    required = cdiv(num_tokens, size) if cap is None else min(cdiv(num_tokens, size), cap)
     record = state.requests.get(request_id)
     table = 0 if record is None else len(record.pages)
     if running:

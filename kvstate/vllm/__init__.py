@@ -2,12 +2,18 @@
 block-mode core, byte-compatible block hashing and KV events.
 
 Exported here: ``BlockPool``, ``KVCacheBlock``, ``KVCacheManager``,
-``KVCacheBlocks``, ``PrefixCacheStats``, ``Request`` (see docs/vllm.md), and
-the hashing and event names below.  Every block decision is made by
-``kvstate.planner.block``.  Submodules:
+``HybridKVCacheManager``, ``KVCacheBlocks``, ``PrefixCacheStats``,
+``Request``, vLLM's configuration names (``KVCacheConfig``,
+``KVCacheGroupSpec``, ``FullAttentionSpec``, ``SlidingWindowSpec``,
+``MambaSpec``; see docs/vllm.md), and the hashing and event names below.
+Every block decision is made by ``kvstate.planner.block`` (one group) and
+``kvstate.planner.hybrid_vllm`` (several).  Submodules:
 
 * :mod:`kvstate.vllm.block_pool`, :mod:`kvstate.vllm.manager`,
-  :mod:`kvstate.vllm.request`, :mod:`kvstate.vllm.stats` -- the front end;
+  :mod:`kvstate.vllm.hybrid`, :mod:`kvstate.vllm.request`,
+  :mod:`kvstate.vllm.stats` -- the front end;
+* :mod:`kvstate.vllm.kv_cache_interface`, :mod:`kvstate.vllm.manager_args`
+  -- vLLM's configuration classes and constructor arguments;
 * :mod:`kvstate.vllm.events_bridge` -- core block events -> vLLM KV events;
 * :mod:`kvstate.vllm.importer` -- captured event streams -> core events;
 * :mod:`kvstate.vllm.explore` -- a search level for the explorer;
@@ -24,6 +30,7 @@ the hashing and event names below.  Every block decision is made by
 from __future__ import annotations
 
 from kvstate.vllm.block_pool import BlockPool, KVCacheBlock
+from kvstate.vllm.blocks import KVCacheBlocks
 from kvstate.vllm.hashing import (
     DEFAULT_NONE_HASH_SEED,
     HashAlgo,
@@ -37,6 +44,14 @@ from kvstate.vllm.hashing import (
     sha256_pickle,
     to_event_extra_keys,
 )
+from kvstate.vllm.hybrid import HybridKVCacheManager
+from kvstate.vllm.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from kvstate.vllm.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -46,7 +61,7 @@ from kvstate.vllm.kv_events import (
     decode_event_batch,
     encode_event_batch,
 )
-from kvstate.vllm.manager import KVCacheBlocks, KVCacheManager
+from kvstate.vllm.manager import KVCacheManager
 from kvstate.vllm.request import Request
 from kvstate.vllm.stats import PrefixCacheStats
 
@@ -54,9 +69,15 @@ __all__ = [
     "DEFAULT_NONE_HASH_SEED",
     "AllBlocksCleared",
     "BlockPool",
+    "FullAttentionSpec",
+    "HybridKVCacheManager",
     "KVCacheBlock",
     "KVCacheBlocks",
+    "KVCacheConfig",
+    "KVCacheGroupSpec",
     "KVCacheManager",
+    "MambaSpec",
+    "SlidingWindowSpec",
     "PrefixCacheStats",
     "Request",
     "BlockRemoved",

@@ -13,6 +13,10 @@ Pool-level calls (``get_new_blocks``, ``touch``, ``free_blocks``) hold pages
 as ``DETACHED`` (anonymous references); the ``KVCacheManager`` holds them as
 its requests.  Deviations from vLLM (rejections instead of corruption) are
 listed in docs/vllm.md.
+
+A pool built with ``num_kv_cache_groups`` serves a hybrid manager: every
+group's chain is its own tree path (``Request.group_chain``), so a block's
+hash carries its group and lookups name the groups, as in vLLM.
 """
 
 from __future__ import annotations
@@ -60,20 +64,24 @@ class KVCacheBlock:
         node_id = view.page_node.get(self.block_id)
         if node_id is None:
             return None
-        digest = self._pool.hashes.digest_of(node_id, view)
-        return None if digest is None else block_hash_with_group_id(digest, 0)
+        hashes = self._pool.hashes
+        digest = hashes.digest_of(node_id, view)
+        return None if digest is None else block_hash_with_group_id(digest,
+                                                                    hashes.group_of(node_id))
 
     def __repr__(self) -> str:
         return f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
 
 
 class BlockPool:
-    """vLLM's ``BlockPool`` (one KV-cache group) on a block-mode ``Engine``."""
+    """vLLM's ``BlockPool`` on a block-mode ``Engine``: one KV-cache group, or with
+    ``num_kv_cache_groups`` the groups of a hybrid model (chains keyed by group)."""
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int,
                  enable_kv_cache_events: bool = False, *, hash_seed: str | int | None = None,
                  hash_algo: HashAlgo = "sha256_cbor", max_blocks_per_request: int | None = None,
-                 engine: Engine | None = None, keep_events: bool = True) -> None:
+                 engine: Engine | None = None, keep_events: bool = True,
+                 num_kv_cache_groups: int | None = None) -> None:
         if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int) \
                 or num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be an int >= 2 (block 0 is the null block), "
@@ -85,6 +93,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
         self.enable_kv_cache_events = enable_kv_cache_events
+        self.num_kv_cache_groups = num_kv_cache_groups  # None: one untagged group
         width_blocks = max_blocks_per_request or num_gpu_blocks
         geometry = Geometry(num_pages=num_gpu_blocks - 1, page_size=hash_block_size,
                             row_width=width_blocks * hash_block_size, mode="block")
@@ -122,14 +131,16 @@ class BlockPool:
 
         Commits nothing.
         """
-        _check_groups(kv_cache_group_ids)
-        node_id = self.hashes.node_of.get(bytes(block_hash))
-        if node_id is None:
-            return None
-        node = self.engine.view.nodes.get(node_id)
-        if node is None or not node.pages:
-            return None
-        return [self.blocks[node.pages[0]]]
+        self._check_groups(kv_cache_group_ids)
+        nodes = self.engine.view.nodes
+        found = []
+        for group in kv_cache_group_ids:
+            node = nodes.get(self.hashes.node_of.get(block_hash_with_group_id(block_hash, group),
+                                                     -1))
+            if node is None or not node.pages:
+                return None
+            found.append(self.blocks[node.pages[0]])
+        return found
 
     def take_events(self) -> list[KVCacheEvent]:
         """Drain the queued vLLM KV events ([] when events are disabled).  Commits nothing."""
@@ -180,10 +191,10 @@ class BlockPool:
         """
         if num_cached_blocks >= num_full_blocks:
             return
-        _check_groups([kv_cache_group_id])
+        self._check_groups([kv_cache_group_id])
         if block_size != self.hash_block_size:
             raise ValueError(f"block_size {block_size} differs from hash_block_size "
-                             f"{self.hash_block_size} (one group only)")
+                             f"{self.hash_block_size} (one block size only)")
         if num_cached_blocks < 0:
             raise ValueError(f"num_cached_blocks must be >= 0, got {num_cached_blocks}")
         if len(request.block_hashes) < num_full_blocks:
@@ -196,8 +207,10 @@ class BlockPool:
         pages = self.ids_of(blocks[num_cached_blocks:num_full_blocks], keep_null=True)
         if block_mask is not None:
             pages = [page if keep else 0 for page, keep in zip(pages, block_mask, strict=True)]
+        chain = request if self.num_kv_cache_groups is None else \
+            request.group_chain(kv_cache_group_id)
         with self.offer_hashes(request), self.engine.batch() as b:
-            plan_cache_chain(b, request, pages, num_cached_blocks, num_full_blocks)
+            plan_cache_chain(b, chain, pages, num_cached_blocks, num_full_blocks)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Uncache the given blocks (holders and queue untouched); uncached ids are ignored.
@@ -225,6 +238,15 @@ class BlockPool:
         Commits nothing (it only spares the listener rehashing known blocks).
         """
         return _Offer(self.hashes, request)
+
+    def _check_groups(self, group_ids: Sequence[int]) -> None:
+        count = self.num_kv_cache_groups
+        if count is None:
+            if list(group_ids) != [0]:
+                raise ValueError(f"only KV-cache group 0 is supported, got {list(group_ids)}")
+        elif not group_ids or any(isinstance(group, bool) or not isinstance(group, int)
+                                  or not 0 <= group < count for group in group_ids):
+            raise ValueError(f"KV-cache groups must be in 0..{count - 1}, got {list(group_ids)}")
 
     def ids_of(self, blocks: Iterable[KVCacheBlock], keep_null: bool = False) -> list[int]:
         """Block ids of views of *this* pool (a foreign or fake view is a ``TypeError``).
@@ -257,8 +279,3 @@ class _Offer:
     def __exit__(self, *exc: object) -> None:
         self.hashes.hints = None
         self.hashes.lora_id = None
-
-
-def _check_groups(group_ids: Sequence[int]) -> None:
-    if list(group_ids) != [0]:
-        raise ValueError(f"only KV-cache group 0 is supported, got groups {list(group_ids)}")

@@ -18,6 +18,12 @@ Works from a live front end (which may offer the request's block hashes as
 ``hints`` for the batch it is about to commit: a node at depth ``d`` is chain
 position ``d - 1``) and from a replayed log alike (it then hashes each node
 once).
+
+Hybrid models: a block whose extra keys start with ``("group", g)`` (see
+``kvstate.vllm.request.GroupChain``) belongs to KV-cache group ``g``; that key
+is not part of its vLLM hash (vLLM pairs the hash with the group id instead,
+``BlockHashWithGroupId``) and sets the events' ``group_idx``.  Untagged
+blocks belong to ``group_idx`` (0 for a one-group pool).
 """
 
 from __future__ import annotations
@@ -28,9 +34,25 @@ from typing import Any
 
 from kvstate.events import BlockCache, BlockClear, BlockUncache, Event
 from kvstate.state import ROOT
-from kvstate.vllm.hashing import HashAlgo, external_block_hash, hash_block_tokens, none_hash
+from kvstate.vllm.hashing import (
+    HashAlgo,
+    block_hash_with_group_id,
+    external_block_hash,
+    hash_block_tokens,
+    none_hash,
+)
 from kvstate.vllm.hashing import to_event_extra_keys as _untag
 from kvstate.vllm.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+GROUP_TAG = "group"  # the extra key that names a block's KV-cache group: ("group", g)
+
+
+def split_group(extra: Any, default: int) -> tuple[int, Any]:
+    """A block's KV-cache group and its extra keys without the group key (None when none left)."""
+    if extra and extra[0][0] == GROUP_TAG:
+        rest = extra[1:]
+        return extra[0][1], (rest if rest else None)
+    return default, extra
 
 
 class NodeHashes:
@@ -46,7 +68,8 @@ class NodeHashes:
         self.digest: dict[int, bytes] = {}  # node id -> 32-byte block hash
         self.parent: dict[int, int] = {}  # node id -> parent node id
         self.depth: dict[int, int] = {}  # node id -> nodes on its path from the root (itself too)
-        self.node_of: dict[bytes, int] = {}  # block hash -> node id
+        self.group: dict[int, int] = {}  # node id -> KV-cache group
+        self.node_of: dict[bytes, int] = {}  # block hash + group id (vLLM's key) -> node id
         # Offered by a front end for the batch it commits next (cleared when a batch ends):
         # the block hashes of the request whose chain it caches, by chain position.
         self.hints: Sequence[bytes] | None = None
@@ -67,15 +90,25 @@ class NodeHashes:
         """Nothing to undo: a digest computed in ``before`` is true of a node that exists."""
 
     def after(self, events: Sequence[Event], view: Any) -> None:
-        """Follow a committed batch (``view``: the state after all of it)."""
+        """Follow a committed batch (``view``: the state after all of it).
+
+        Memo entries of pruned nodes are dropped only once the whole batch is
+        followed: a later event of the batch (another group's eviction) may
+        prune a node an earlier one touched, and still needs its hash.
+        """
+        pruned: list[int] = []
         try:
             for event in events:
                 if isinstance(event, BlockCache):
                     self._on_cache(event, view)
+                    pruned.append(event.entries[-1][0] if event.entries else ROOT)
                 elif isinstance(event, BlockUncache):
-                    self._on_uncache(event, view)
+                    self._on_uncache(event)
+                    pruned.extend(dict.fromkeys(event.nodes))
                 elif isinstance(event, BlockClear):
                     self._on_clear()
+            for node_id in pruned:
+                self._forget_pruned(node_id, view)
         finally:
             self.hints = None
             self.lora_id = None
@@ -84,6 +117,7 @@ class NodeHashes:
         self.digest.clear()
         self.parent.clear()
         self.depth.clear()
+        self.group.clear()
         self.node_of.clear()
         if self.emit_events:
             self.events.append(AllBlocksCleared())
@@ -107,78 +141,87 @@ class NodeHashes:
         parent = self.none_hash if current == ROOT else self.digest[current]
         for current in reversed(missing):
             node = state.nodes[current]
-            parent = hash_block_tokens(parent, node.key, node.extra, hash_seed=self.hash_seed,
+            group, extra = split_group(node.extra, self.group_idx)
+            parent = hash_block_tokens(parent, node.key, extra, hash_seed=self.hash_seed,
                                        hash_algo=self.hash_algo)
-            self._remember(current, node.parent, parent)
+            self._remember(current, node.parent, parent, group)
         return parent
 
-    def _remember(self, node_id: int, parent_id: int, value: bytes) -> None:
+    def group_of(self, node_id: int) -> int:
+        """The KV-cache group of a node whose hash is known."""
+        return self.group.get(node_id, self.group_idx)
+
+    def _remember(self, node_id: int, parent_id: int, value: bytes, group: int) -> None:
         self.digest[node_id] = value
         self.parent[node_id] = parent_id
         self.depth[node_id] = 1 if parent_id == ROOT else self.depth[parent_id] + 1
-        self.node_of[value] = node_id
+        self.group[node_id] = group
+        self.node_of[block_hash_with_group_id(value, group)] = node_id
 
     def _on_cache(self, event: BlockCache, state: Any) -> None:
-        hints, self.hints = self.hints, None  # one BlockCache per offer
-        lora_id, self.lora_id = self.lora_id, None
+        # An offer holds for its whole batch: every BlockCache of a manager's batch caches the
+        # same request (one per KV-cache group for a hybrid model); ``after`` withdraws it.
+        hints = self.hints
+        lora_id = self.lora_id
         parent_id = event.parent
         parent_digest = self.none_hash if parent_id == ROOT else self.digest_of(parent_id, state)
+        chain_parent = None if parent_id == ROOT else parent_digest  # it may be pruned below
         # Entry i sits at chain position depth(parent) + i.
         offset = 0 if parent_id == ROOT else self.depth[parent_id]
         entry_digests: list[bytes] = []
         digest = self.digest
+        group = self.group_idx
         for index, (node_id, key, extra, _page) in enumerate(event.entries):
+            group, plain = split_group(extra, self.group_idx)
             value = digest.get(node_id)
             if value is None:
                 if hints is not None and offset + index < len(hints):
                     value = hints[offset + index]
                 else:
-                    value = hash_block_tokens(parent_digest, key, extra, hash_seed=self.hash_seed,
+                    value = hash_block_tokens(parent_digest, key, plain, hash_seed=self.hash_seed,
                                               hash_algo=self.hash_algo)
-                self._remember(node_id, parent_id, value)
+                self._remember(node_id, parent_id, value, group)
             entry_digests.append(value)
             parent_id, parent_digest = node_id, value
-        self._forget_pruned(event.entries[-1][0] if event.entries else ROOT, state)
         if self.emit_events:
-            self.events.append(self._stored(event, entry_digests, lora_id))
+            self.events.append(self._stored(event, entry_digests, chain_parent, group, lora_id))
 
-    def _stored(self, event: BlockCache, digests: list[bytes], lora_id: int | None) -> BlockStored:
+    def _stored(self, event: BlockCache, digests: list[bytes], chain_parent: bytes | None,
+                group: int, lora_id: int | None) -> BlockStored:
         start = event.stored_from
         entries = event.entries[start:]
-        if start > 0:
-            parent = external_block_hash(digests[start - 1])
-        elif event.parent != ROOT:
-            parent = external_block_hash(self.digest[event.parent])
-        else:
-            parent = None
+        before = digests[start - 1] if start > 0 else chain_parent
+        parent = None if before is None else external_block_hash(before)
         hashes = [external_block_hash(digests[start + i]) for i, entry in enumerate(entries)
                   if entry[3]]
-        extras: list[Any] = [entry[2] for entry in entries if entry[3]]
+        extras: list[Any] = [split_group(entry[2], group)[1] for entry in entries if entry[3]]
         tokens = list(chain.from_iterable(entry[1] for entry in entries))
-        lora_name = _lora_name(entries[0][2]) if entries else None
+        lora_name = _lora_name(split_group(entries[0][2], group)[1]) if entries else None
         return BlockStored(
             block_hashes=hashes, parent_block_hash=parent, token_ids=tokens,
             block_size=len(entries[0][1]) if entries else 0, lora_id=lora_id, medium=MEDIUM_GPU,
-            lora_name=lora_name, extra_keys=_untag(extras), group_idx=self.group_idx)
+            lora_name=lora_name, extra_keys=_untag(extras), group_idx=group)
 
-    def _on_uncache(self, event: BlockUncache, state: Any) -> None:
+    def _on_uncache(self, event: BlockUncache) -> None:
         if self.emit_events:
             for node_id in event.nodes:
                 value = self.digest.get(node_id)
                 if value is None:  # a node this listener never saw being created
                     raise RuntimeError(f"no hash known for tree node {node_id}")
                 self.events.append(BlockRemoved(block_hashes=[external_block_hash(value)],
-                                                medium=MEDIUM_GPU, group_idx=self.group_idx))
-        for node_id in dict.fromkeys(event.nodes):
-            self._forget_pruned(node_id, state)
+                                                medium=MEDIUM_GPU,
+                                                group_idx=self.group_of(node_id)))
 
     def _forget_pruned(self, node_id: int, state: Any) -> None:
         """Drop memo entries of ``node_id`` and ancestors the rules pruned."""
         nodes = state.nodes
         while node_id != ROOT and node_id not in nodes:
             value = self.digest.pop(node_id, None)
-            if value is not None and self.node_of.get(value) == node_id:
-                del self.node_of[value]
+            group = self.group.pop(node_id, self.group_idx)
+            if value is not None:
+                key = block_hash_with_group_id(value, group)
+                if self.node_of.get(key) == node_id:
+                    del self.node_of[key]
             self.depth.pop(node_id, None)
             parent = self.parent.pop(node_id, None)
             if parent is None:

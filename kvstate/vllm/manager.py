@@ -8,6 +8,13 @@ and the prefix cache is the core's block-mode prefix tree.  Every decision
 ``kvstate.planner.block`` inside one engine batch per call, so a call's
 events commit together and a rejected call commits none.
 
+It is built either as kvstate's simple ``KVCacheManager(num_blocks,
+block_size, max_model_len, ...)`` or with vLLM 0.33's signature
+``KVCacheManager(kv_cache_config, max_model_len, scheduler_block_size,
+hash_block_size, ...)``; a configuration with several groups (or one that
+needs them, see ``manager_args.needs_groups``) builds the grouped
+``kvstate.vllm.hybrid.HybridKVCacheManager`` instead.
+
 The manager owns vLLM's API surface and the scheduler-side bookkeeping:
 ``running`` (vLLM's ``num_cached_block`` per running request, with a tree
 memo), what each request's last allocation covered (to catch a scheduler
@@ -18,8 +25,7 @@ statistics.  The scheduler loop it expects is documented in docs/vllm.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import attrs
+from typing import Any, overload
 
 from kvstate.engine import Engine
 from kvstate.planner.alloc import cdiv
@@ -31,39 +37,62 @@ from kvstate.planner.block import (
 )
 from kvstate.planner.block_hits import Running, blocks_to_allocate, cached_prefix
 from kvstate.vllm.block_pool import BlockPool, KVCacheBlock
+from kvstate.vllm.blocks import EMPTY_BLOCKS, KVCacheBlocks
 from kvstate.vllm.hashing import HashAlgo
+from kvstate.vllm.kv_cache_interface import KVCacheConfig
+from kvstate.vllm.kv_event_types import with_spec
 from kvstate.vllm.kv_events import BlockStored, KVCacheEvent
+from kvstate.vllm.manager_args import (
+    check_allocation,
+    config_argument,
+    needs_groups,
+    one_group_arguments,
+    vllm_manager_args,
+)
 from kvstate.vllm.request import Request
 from kvstate.vllm.stats import PrefixCacheStats
-
-
-@attrs.frozen
-class KVCacheBlocks:
-    """Blocks per KV-cache group (one group here): ``blocks[group][j]``."""
-
-    blocks: tuple[tuple[KVCacheBlock, ...], ...]
-
-    def get_block_ids(self) -> tuple[list[int], ...]:
-        return tuple([block.block_id for block in group] for group in self.blocks)
-
-    def get_unhashed_block_ids(self) -> list[int]:
-        return [block.block_id for block in self.blocks[0] if block.block_hash is None]
-
-    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
-        return KVCacheBlocks(tuple(a + b for a, b in zip(self.blocks, other.blocks, strict=True)))
-
-
-EMPTY_BLOCKS = KVCacheBlocks(((),))
 
 
 class KVCacheManager:
     """vLLM's ``KVCacheManager`` for one KV-cache group, deciding exactly as 0.33 does."""
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> KVCacheManager:
+        config = config_argument(args, kwargs)
+        if cls is KVCacheManager and config is not None and needs_groups(config):
+            # Imported here: the grouped manager subclasses this one.
+            from kvstate.vllm.hybrid import HybridKVCacheManager
+            return super().__new__(HybridKVCacheManager)
+        return super().__new__(cls)
+
+    @overload
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
-                 enable_caching: bool = True, sliding_window: int | None = None,
-                 enable_kv_cache_events: bool = False, hash_algo: HashAlgo = "sha256_cbor",
-                 hash_seed: str | int | None = None, *, log_stats: bool = False,
-                 keep_events: bool = True, engine: Engine | None = None) -> None:
+                 enable_caching: bool = ..., sliding_window: int | None = ...,
+                 enable_kv_cache_events: bool = ..., hash_algo: HashAlgo = ...,
+                 hash_seed: str | int | None = ..., *, log_stats: bool = ...,
+                 keep_events: bool = ..., engine: Engine | None = ...) -> None: ...
+    @overload
+    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int,
+                 scheduler_block_size: int, hash_block_size: int,
+                 max_in_flight_tokens: int | None = ..., enable_caching: bool = ...,
+                 use_eagle: bool = ..., num_hash_lookahead_tokens: int = ...,
+                 num_prefill_lookahead: int = ..., log_stats: bool = ...,
+                 enable_kv_cache_events: bool = ..., dcp_world_size: int = ...,
+                 pcp_world_size: int = ..., metrics_collector: Any = ..., watermark: float = ...,
+                 enable_mamba_shared_prefix_checkpoint: bool = ..., *,
+                 hash_algo: HashAlgo = ..., hash_seed: str | int | None = ...,
+                 keep_events: bool = ..., engine: Engine | None = ...) -> None: ...
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if config_argument(args, kwargs) is None:
+            self._setup(*args, **kwargs)
+            return
+        self._setup(**one_group_arguments(vllm_manager_args(*args, **kwargs)))
+
+    def _setup(self, num_blocks: int, block_size: int, max_model_len: int,
+               enable_caching: bool = True, sliding_window: int | None = None,
+               enable_kv_cache_events: bool = False, hash_algo: HashAlgo = "sha256_cbor",
+               hash_seed: str | int | None = None, *, log_stats: bool = False,
+               keep_events: bool = True, engine: Engine | None = None,
+               max_in_flight_tokens: int | None = None) -> None:
         if sliding_window is not None and (isinstance(sliding_window, bool)
                                            or not isinstance(sliding_window, int)
                                            or sliding_window < 2):
@@ -89,6 +118,11 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.empty_kv_cache_blocks = EMPTY_BLOCKS
         self.kv_cache_spec_kind = "full_attention" if sliding_window is None else "sliding_window"
+        # vLLM's sliding-window admission cap (full-sequence check); in-flight tokens default
+        # to max_model_len, as in vLLM.
+        in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
+        self.admission_cap = None if sliding_window is None else \
+            cdiv(min(sliding_window - 1 + in_flight, max_model_len), block_size) + 1
 
     # -- reading ------------------------------------------------------------------
     @property
@@ -169,10 +203,14 @@ class KVCacheManager:
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: KVCacheBlocks | None = None,
-                       num_lookahead_tokens: int = 0) -> KVCacheBlocks | None:
+                       num_lookahead_tokens: int = 0, *,
+                       full_sequence_must_fit: bool = False) -> KVCacheBlocks | None:
         """Give the request slots for its new tokens; None (and no allocation) when short.
 
-        Commits, in vLLM 0.33's order: ``BlockRelease`` of out-of-window blocks
+        Commits, in vLLM 0.33's order: with ``full_sequence_must_fit`` (what
+        vLLM's scheduler passes when it admits a request) nothing at all when
+        the whole sequence would not fit (a sliding window counted at most its
+        admission cap); then ``BlockRelease`` of out-of-window blocks
         (sliding window; it stays even when the call returns None), then, if
         the pool has room, ``ReqAlloc`` + ``BlockHold`` (the hits, nulls before
         them), ``BlockUncache`` + ``BlockAlloc`` (new blocks from the queue
@@ -184,34 +222,15 @@ class KVCacheManager:
         tokens and carries on silently; see docs/vllm.md).
         """
         self._check_request(request)
-        counts = (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                  request.num_computed_tokens, request.num_in_flight_tokens)
-        for value in counts:
-            if type(value) is not int or value < 0:  # exact int: a bool or float is refused
-                _bad_count(counts)
-        if num_new_tokens == 0 and num_new_computed_tokens == 0:
-            raise ValueError("num_new_tokens must be greater than 0 when there are no "
-                             "computed tokens to adopt")
         request_id = request.request_id
         hits: list[int] | None = None
         if new_computed_blocks is not None and new_computed_blocks is not EMPTY_BLOCKS:
             hits = self.block_pool.ids_of(new_computed_blocks.blocks[0], keep_null=True)
         running = self.running.get(request_id)
-        if running is not None and hits:
-            raise ValueError(f"running request {request_id!r} cannot take new prefix hits")
-        if len(hits or ()) * self.block_size != num_new_computed_tokens:
-            raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} is not the "
-                             f"{len(hits or ())} hit blocks' tokens")
-        num_local = request.num_computed_tokens + num_new_computed_tokens
-        if num_local + num_new_tokens > self.max_model_len:
-            raise ValueError(f"request {request_id!r} would reach {num_local + num_new_tokens} "
-                             f"tokens, past max_model_len={self.max_model_len}")
-        covered = self._covered.get(request_id, 0)
-        if request.num_computed_tokens < covered:
-            raise ValueError(
-                f"request {request_id!r}: num_computed_tokens={request.num_computed_tokens} but its "
-                f"last allocate_slots gave {covered} tokens slots; the scheduler advances "
-                "num_computed_tokens by num_new_tokens after each scheduled step (docs/vllm.md)")
+        num_local = check_allocation(request, num_new_tokens, num_new_computed_tokens,
+                                     num_lookahead_tokens, len(hits or ()), self.block_size,
+                                     self.max_model_len, self._covered.get(request_id, 0),
+                                     running_with_hits=running is not None and bool(hits))
         with self.block_pool.offer_hashes(request), self.engine.batch() as b:
             done = plan_allocate_slots(
                 b, request_id, request, running, hits, num_local=num_local,
@@ -219,7 +238,9 @@ class KVCacheManager:
                                self.max_model_len),
                 cache_upto=min(num_local + num_new_tokens, request.num_tokens),
                 remove_upto=max(0, num_local - request.num_in_flight_tokens),
-                window=self.sliding_window, caching=self.enable_caching)
+                window=self.sliding_window, caching=self.enable_caching,
+                full_tokens=min(request.num_tokens, self.max_model_len)
+                if full_sequence_must_fit else None, cap=self.admission_cap)
         if done is None:
             return None
         if done.running is not None:
@@ -287,10 +308,13 @@ class KVCacheManager:
         out: list[KVCacheEvent] = []
         for event in events:
             if isinstance(event, BlockStored) and event.group_idx == 0:
-                event = attrs.evolve(event, kv_cache_spec_kind=self.kv_cache_spec_kind,
-                                     kv_cache_spec_sliding_window=self.sliding_window)
+                event = with_spec(event, self.kv_cache_spec_kind, self.sliding_window)
             out.append(event)
         return out
+
+    def new_step_starts(self) -> None:
+        """vLLM's scheduler calls this at the start of every step; one full-attention or
+        sliding-window group keeps no per-step state.  Commits nothing."""
 
     def _check_request(self, request: Request) -> None:
         if request.block_size != self.block_size:
@@ -299,10 +323,3 @@ class KVCacheManager:
         if request.hash_seed != self.hash_seed or request.hash_algo != self.hash_algo:
             raise ValueError("request hash_seed/hash_algo differ from the manager's")
 
-
-def _bad_count(counts: tuple[object, ...]) -> None:
-    names = ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens",
-             "request.num_computed_tokens", "request.num_in_flight_tokens")
-    for name, value in zip(names, counts, strict=True):
-        if type(value) is not int or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")

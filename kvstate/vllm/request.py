@@ -11,6 +11,11 @@ request's tagged extra keys.  Alongside the hashes it keeps each full block's
 tokens and extra keys (``block_keys``), which are what the prefix tree is
 keyed by: a 64-bit or even 256-bit hash is never the identity on its own.
 
+For a hybrid model each KV-cache group caches along its own chain:
+:meth:`Request.group_chain` gives group ``g``'s view (``GroupChain``), the
+same blocks with ``("group", g)`` leading their extra keys, so each group's
+blocks are their own path in the prefix tree.
+
 Everything a request carries into core events is checked here, at the API
 boundary: token ids are ints in ``0..2**63-1`` (the int64 the core's events
 and vLLM's tensors hold), names are strings of at most ``MAX_NAME_CHARS``.
@@ -80,10 +85,14 @@ class Request:
         self.num_computed_tokens = 0  # set by the scheduler
         self.num_in_flight_tokens = 0  # set by the scheduler (async scheduling)
         self.num_preemptions = 0  # set by the scheduler; read by prefix-cache statistics
+        # Set by the scheduler from get_computed_blocks (hybrid models: the uncached shared
+        # prefix to keep a checkpoint at); read by caching and the Mamba chunk split.
+        self.shared_prefix_boundary = 0
         self.block_hashes: list[bytes] = []
         self.block_extra_keys: list[tuple[Any, ...] | None] = []
         self.block_keys: list[tuple[Any, ...]] = []  # prefix-tree child keys of full blocks
         self._none_hash = none_hash(hash_seed, hash_algo)
+        self._chains: dict[int, GroupChain] = {}
         self._update_block_hashes()
 
     @property
@@ -105,6 +114,13 @@ class Request:
         """Tokens of block ``index`` (full or partial)."""
         start = index * self.block_size
         return tuple(self.all_token_ids[start:start + self.block_size])
+
+    def group_chain(self, group: int) -> GroupChain:
+        """KV-cache group ``group``'s view of the full blocks (kept, and extended, per group)."""
+        chain = self._chains.get(group)
+        if chain is None:
+            chain = self._chains[group] = GroupChain(self, group)
+        return chain
 
     def _update_block_hashes(self) -> None:
         size = self.block_size
@@ -129,6 +145,56 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, hashed_blocks={len(self.block_hashes)})")
+
+
+class GroupChain:
+    """One KV-cache group's chain of a request: the request's full blocks, hashes and tokens,
+    with ``("group", group)`` leading each block's extra keys (so the tree key differs per
+    group while the vLLM hash does not).  Reads the request; extends its own key lists lazily
+    as the request grows."""
+
+    __slots__ = ("_extras", "_keys", "_request", "_tag", "group")
+
+    def __init__(self, request: Request, group: int) -> None:
+        self._request = request
+        self.group = group
+        self._tag = ("group", group)
+        self._keys: list[tuple[Any, ...]] = []
+        self._extras: list[tuple[Any, ...]] = []
+
+    @property
+    def block_keys(self) -> Sequence[tuple[Any, ...]]:
+        self._extend()
+        return self._keys
+
+    @property
+    def block_extra_keys(self) -> Sequence[tuple[Any, ...]]:
+        self._extend()
+        return self._extras
+
+    @property
+    def block_hashes(self) -> Sequence[bytes]:
+        return self._request.block_hashes
+
+    def block_tokens(self, index: int) -> tuple[int, ...]:
+        return self._request.block_tokens(index)
+
+    def _extend(self) -> None:
+        request = self._request
+        size = request.block_size
+        tokens = request.all_token_ids
+        plain = (self._tag,)
+        plain_suffix = repr(plain)  # block_child_key of a block without extra keys of its own
+        for index in range(len(self._keys), len(request.block_keys)):
+            own = request.block_extra_keys[index]
+            block = tokens[index * size:(index + 1) * size]
+            if own is None:
+                self._extras.append(plain)
+                self._keys.append((*block, plain_suffix))
+            else:
+                extra = (self._tag, *own)
+                self._extras.append(extra)
+                self._keys.append(block_child_key(tuple(block), extra))
 
 
 def _tokens(values: Iterable[Any]) -> list[int]:

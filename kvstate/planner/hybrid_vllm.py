@@ -1,0 +1,272 @@
+"""Hybrid KV-cache decisions: vLLM 0.33's ``HybridKVCacheCoordinator`` and its managers.
+
+Every group of a request is its own core request (``group_holders``) and
+every group's chain its own prefix-tree path, so the block events of
+``kvstate.events.block`` express a hybrid model unchanged: the groups share
+the one free queue (page pool), each group's table is a request table
+(page 0 = null block), each group caches along its own path.  The reads are
+in ``kvstate.planner.hybrid_hits``; the per-group steps reuse
+``kvstate.planner.block`` (new blocks from the queue head, frees, caching
+a chain).  Functions take a builder ``b``, check what they can refuse
+before their first event, and emit in vLLM's order.  The per-request
+``GroupCursor`` tuple is an input and an output, never core state.
+
+* ``plan_hybrid_allocate``: ``allocate_slots`` (full-sequence admission
+  check, ``remove_skipped_blocks``, the capacity check, the hits of every
+  group held, new blocks group by group, caching);
+* ``plan_hybrid_remove_skipped``, ``plan_hybrid_cache``, ``plan_hybrid_free``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from kvstate.events import BlockHold, ReqAlloc
+from kvstate.planner.alloc import cdiv
+from kvstate.planner.block import (
+    plan_cache_chain,
+    plan_free_blocks,
+    plan_free_request,
+    plan_get_new_blocks,
+    plan_remove_skipped,
+)
+from kvstate.planner.block_hits import NULL, Running, check_hits
+from kvstate.planner.builder import Builder
+from kvstate.planner.hybrid_hits import (
+    MAMBA,
+    SWA,
+    FreshStates,
+    GroupCursor,
+    GroupedRequest,
+    HybridLayout,
+    blocks_needed,
+    reachable_boundaries,
+    retained,
+    skipped_blocks,
+)
+from kvstate.state import ROOT
+
+Cursors = tuple[GroupCursor, ...]
+
+
+@attrs.frozen
+class HybridAllocation:
+    """What ``plan_hybrid_allocate`` did: per group the blocks it returns (vLLM's new blocks;
+    Mamba's include the nulls it padded with), or None when refused; the request's cursors
+    (they change even on a refusal: blocks left the window first); the Mamba states it cached."""
+
+    new_pages: tuple[tuple[int, ...], ...] | None
+    cursors: Cursors
+    fresh: frozenset[tuple[int, bytes]]
+
+
+def plan_hybrid_allocate(b: Builder, layout: HybridLayout, holders: Sequence[str],
+                         request: GroupedRequest, cursors: Cursors,
+                         hits: Sequence[Sequence[int]] | None, *, num_local: int, total: int,
+                         need_slots: int, main_tokens: int, cache_upto: int, remove_upto: int,
+                         full_tokens: int | None, fresh: FreshStates) -> HybridAllocation:
+    """vLLM ``allocate_slots`` for a hybrid layout once its arguments are checked.
+
+    ``holders``: the request's core request per group (``group_holders``).
+    ``hits`` None is vLLM's empty-hit object (the request is not marked as
+    tracked by it).  ``full_tokens`` set: first the full-sequence admission
+    check (sliding windows capped), refused with no event.  Then, in vLLM's
+    order: blocks leaving each group's window or state are freed (kept even
+    when refused), the capacity check, the hits held (nulls for skipped
+    positions), each group's new blocks, and caching up to ``cache_upto``.
+    Bad hits raise ``ValueError`` before any event.
+    """
+    state = b.state
+    rules = layout.rules
+    given: Sequence[Sequence[int]] = hits if hits is not None else ((),) * len(rules)
+    if hits is not None:
+        for group, rule in enumerate(rules):
+            check_hits(state, holders[group], request.group_chain(group), cursors[group].cached,
+                       hits[group], num_local, window=rule.window or None,
+                       caching=layout.caching)
+    hashes = request.block_hashes
+    if full_tokens is not None and blocks_needed(
+            state, layout, holders, hashes, cursors, given, num_tokens=full_tokens,
+            main_tokens=full_tokens, total_computed=total, admission=True,
+            fresh=fresh) > len(state.free_pages):
+        return HybridAllocation(None, cursors, frozenset())
+    cursors = plan_hybrid_remove_skipped(b, layout, holders, cursors, remove_upto)
+    state = b.state
+    if blocks_needed(state, layout, holders, hashes, cursors, given, num_tokens=need_slots,
+                     main_tokens=main_tokens, total_computed=num_local, admission=False,
+                     fresh=fresh) > len(state.free_pages):
+        return HybridAllocation(None, cursors, frozenset())
+    size = state.geometry.page_size
+    if hits is not None and all(cursor.cached is None for cursor in cursors):
+        touched = []  # every group's hits first, so no group's new blocks evict another's hits
+        for group, rule in enumerate(rules):
+            skipped = max(0, skipped_blocks(rule, num_local, size))
+            pages = (NULL,) * skipped + tuple(hits[group][skipped:])
+            if pages:
+                _open(b, holders[group])
+                b.emit(BlockHold(holders[group], pages))
+            cursor = cursors[group]
+            touched.append(GroupCursor(Running(len(pages)), cursor.last_state, cursor.retired,
+                                       cursor.allocated))
+        cursors = tuple(touched)
+    new_pages = []
+    grown = []
+    for group, rule in enumerate(rules):
+        if rule.kind == MAMBA:
+            pages, cursor = _mamba_new_blocks(b, holders[group], cursors[group], main_tokens)
+        else:
+            pages, cursor = _new_blocks(b, holders[group], need_slots), cursors[group]
+        new_pages.append(pages)
+        grown.append(cursor)
+    cursors = tuple(grown)
+    added: frozenset[tuple[int, bytes]] = frozenset()
+    if layout.caching:
+        cursors, added = plan_hybrid_cache(b, layout, holders, request, cursors, cache_upto)
+    return HybridAllocation(tuple(new_pages), cursors, added)
+
+
+def _new_blocks(b: Builder, holder: str, need_slots: int) -> tuple[int, ...]:
+    state = b.state
+    record = state.requests.get(holder)
+    count = cdiv(need_slots, state.geometry.page_size) - (0 if record is None else
+                                                          len(record.pages))
+    if count <= 0:
+        return ()
+    _open(b, holder)
+    return tuple(plan_get_new_blocks(b, holder, count))
+
+
+def _mamba_new_blocks(b: Builder, holder: str, cursor: GroupCursor,
+                      main_tokens: int) -> tuple[tuple[int, ...], GroupCursor]:
+    """Mamba "align": the table covers the tokens with nulls and one running-state block at the
+    end; the previous state block is remembered so the next step frees it."""
+    state = b.state
+    record = state.requests.get(holder)
+    length = 0 if record is None else len(record.pages)
+    required = cdiv(main_tokens, state.geometry.page_size)
+    if required <= length:
+        if cursor.allocated:
+            return (), cursor
+        return (), GroupCursor(cursor.cached, cursor.last_state, cursor.retired, True)
+    last_state = length - 1 if cursor.allocated or length else cursor.last_state
+    pads = (NULL,) * max(0, required - 1 - length)
+    _open(b, holder)
+    if pads:
+        b.emit(BlockHold(holder, pads))
+    pages = plan_get_new_blocks(b, holder, required - length - len(pads))
+    return (*pads, *pages), GroupCursor(cursor.cached, last_state, cursor.retired, True)
+
+
+def plan_hybrid_remove_skipped(b: Builder, layout: HybridLayout, holders: Sequence[str],
+                               cursors: Cursors, num_computed: int) -> Cursors:
+    """Free what each group no longer reads at ``num_computed`` tokens, group by group.
+
+    Sliding window: the blocks before the window (``BlockRelease``, highest
+    index first, stopping at the first null).  Mamba: every state block below
+    ``num_computed - 1`` not retired yet (nulls skipped), then the state block
+    of two steps back.  Freed entries become null.
+    """
+    out: list[GroupCursor] | None = None
+    for group, rule in enumerate(layout.rules):
+        if rule.kind == SWA:
+            plan_remove_skipped(b, holders[group], num_computed - rule.extra_retained,
+                                window=rule.window, caching=layout.caching)
+        elif rule.kind == MAMBA:
+            cursor = _mamba_remove(b, holders[group], cursors[group], num_computed,
+                                   layout.caching)
+            if cursor is not cursors[group]:
+                out = out or list(cursors)
+                out[group] = cursor
+    return cursors if out is None else tuple(out)
+
+
+def _mamba_remove(b: Builder, holder: str, cursor: GroupCursor, num_computed: int,
+                  caching: bool) -> GroupCursor:
+    state = b.state
+    record = state.requests.get(holder)
+    if record is None:
+        return cursor
+    size = state.geometry.page_size
+    table = record.pages
+    last = min((num_computed - 1) // size, len(table)) if num_computed > 1 else 0
+    if cursor.retired < last:
+        pages = [table[index] for index in range(last - 1, cursor.retired - 1, -1)
+                 if table[index] != NULL]
+        plan_free_blocks(b, holder, pages, caching=caching)
+        cursor = GroupCursor(cursor.cached, cursor.last_state, last, cursor.allocated)
+    state_index = cursor.last_state
+    if state_index is not None and state_index < cdiv(num_computed, size) - 1:
+        page = b.state.requests[holder].pages[state_index]
+        if page != NULL:
+            plan_free_blocks(b, holder, (page,), caching=caching)
+    return cursor
+
+
+def plan_hybrid_cache(b: Builder, layout: HybridLayout, holders: Sequence[str],
+                      request: GroupedRequest, cursors: Cursors,
+                      num_tokens: int) -> tuple[Cursors, frozenset[tuple[int, bytes]]]:
+    """vLLM's coordinator ``cache_blocks``: each group caches its newly full blocks (one
+    ``BlockCache`` per group with new blocks; nulls and blocks outside the retention mask keep
+    their chain position without a copy).  Returns the cursors and the Mamba states cached."""
+    size = b.state.geometry.page_size
+    if layout.hybrid:
+        num_tokens = num_tokens // size * size  # hits land on scheduler blocks
+    hashes = request.block_hashes
+    num_full = min(num_tokens, len(hashes) * size) // size
+    prompt_state = num_tokens > 0 and num_tokens == (request.num_prompt_tokens - 1) // size * size
+    out = list(cursors)
+    fresh: set[tuple[int, bytes]] = set()
+    for group, rule in enumerate(layout.rules):
+        cursor = cursors[group]
+        num_cached = 0 if cursor.cached is None else cursor.cached.num_cached
+        if num_cached < num_full:
+            table = b.state.requests[holders[group]].pages if holders[group] in \
+                b.state.requests else ()
+            if len(table) < num_full:
+                raise ValueError(f"request {holders[group]!r} has {len(table)} blocks, fewer "
+                                 f"than {num_full} full blocks to cache")
+            pages = list(table[num_cached:num_full])
+            mask = retained(rule, layout.retention, num_cached, num_full, size,
+                            reachable_boundaries(request))
+            if mask is not None:
+                pages = [page if keep else NULL for page, keep in zip(pages, mask, strict=True)]
+            memo = ROOT if cursor.cached is None else cursor.cached.last_node
+            last = plan_cache_chain(b, request.group_chain(group), pages, num_cached, num_full,
+                                    memo)
+            out[group] = GroupCursor(Running(num_full, last), cursor.last_state,
+                                     cursor.retired, cursor.allocated)
+            if rule.kind == MAMBA:
+                fresh.update((group, hashes[num_cached + index])
+                             for index, page in enumerate(pages) if page != NULL)
+        if rule.kind == MAMBA and prompt_state:
+            fresh.update(_recache_prompt_state(b, group, holders[group], request, num_tokens))
+    return tuple(out), frozenset(fresh)
+
+
+def _recache_prompt_state(b: Builder, group: int, holder: str, request: GroupedRequest,
+                          num_tokens: int) -> list[tuple[int, bytes]]:
+    """vLLM's Mamba partial-tail step at block granularity: when caching reaches the prompt's
+    last aligned boundary and the state block there lost its cache entry (``evict_blocks``), it
+    is cached again (one ``BlockCache``, one ``BlockStored``)."""
+    index = num_tokens // b.state.geometry.page_size - 1
+    record = b.state.requests.get(holder)
+    if record is None or index >= len(record.pages):
+        return []
+    page = record.pages[index]
+    if page == NULL or page in b.state.page_node:
+        return []
+    plan_cache_chain(b, request.group_chain(group), (page,), index, index + 1)
+    return [(group, request.block_hashes[index])]
+
+
+def plan_hybrid_free(b: Builder, holders: Sequence[str], *, caching: bool) -> None:
+    """Free the request group by group, each table last block first (``BlockRelease``, close)."""
+    for holder in holders:
+        plan_free_request(b, holder, caching=caching)
+
+
+def _open(b: Builder, holder: str) -> None:
+    if holder not in b.state.requests:
+        b.emit(ReqAlloc((holder,)))
