@@ -74,8 +74,11 @@ def _core_parts(state: Any) -> list[Any]:
                     for k, child in sorted(node.children.items(), key=_child_order)]
         entry = [node_id, node.parent, list(node.key), list(node.pages), children,
                  node.lock_ref, node.last_access]
-        if node.extra is not None:  # block mode only; radix encodings stay as they were
+        swa = getattr(node, "swa", None)
+        if node.extra is not None or swa is not None:  # block mode or SWA pool only
             entry.append(node.extra)
+        if swa is not None:  # a cache with an SWA pool: the node's SWA component
+            entry.append([int(swa.live), swa.lock_ref, swa.uuid, swa.stamp])
         nodes.append(entry)
     shape: list[Any] = [geometry.num_pages, geometry.page_size, geometry.num_rows,
                         geometry.row_width]
@@ -105,6 +108,15 @@ def components(state: Any) -> list[tuple[str, Any]]:
         names = ("host.num_pages", "host.free_pages", "host.backup", "host.evicted",
                  "host.evicted_children")
         parts.extend(zip(names, host_canonical(host), strict=True))
+    swa = getattr(state, "swa", None)
+    if swa is not None:
+        pool = ("swa.num_pages", "swa.free_pages", "swa.peer", "swa.next_uuid")
+        parts.extend(zip(pool, swa_canonical(swa), strict=True))
+    mamba = getattr(state, "mamba", None)
+    if mamba is not None:
+        names = ("mamba.num_slots", "mamba.free_slots", "mamba.held", "mamba.rows",
+                 "mamba.nodes")
+        parts.extend(zip(names, mamba_canonical(mamba), strict=True))
     return parts
 
 
@@ -137,6 +149,23 @@ def host_canonical(host: Any) -> list[Any]:
     ]
 
 
+def swa_canonical(swa: Any) -> list[Any]:
+    """The SWA pool as plain msgpack types (its size counters are derived: left out)."""
+    return [swa.num_pages, list(swa.free_pages), sorted(swa.peer.items()), swa.next_uuid]
+
+
+def mamba_canonical(mamba: Any) -> list[Any]:
+    """The Mamba pool as plain msgpack types (its reverse index and counters are derived)."""
+    return [
+        mamba.num_slots,
+        list(mamba.free_slots),
+        sorted([slot, holder] for slot, holder in mamba.held.items()),
+        [[row, list(slots)] for row, slots in sorted(mamba.rows.items(),
+                                                     key=lambda kv: _id_order(kv[0]))],
+        [[n, m.slot, m.lock_ref, m.stamp] for n, m in sorted(mamba.nodes.items())],
+    ]
+
+
 class _Buffer:
     def __init__(self) -> None:
         self.parts: list[bytes] = []
@@ -153,13 +182,21 @@ def encode(state: Any) -> bytes:
 
 
 def fingerprint(state: Any) -> bytes:
-    """16-byte blake2b of :func:`encode` (with a host tier: of that digest plus the tier's
-    encoding).  Never Python's ``hash()``."""
+    """16-byte blake2b of :func:`encode` (with a host tier or an SWA pool: of that digest
+    plus the tier's encoding).  Never Python's ``hash()``."""
     digest = hashlib.blake2b(digest_size=16)
     encode_core(state, digest)
     core = digest.digest()
     host = getattr(state, "host", None)
-    if host is None:
-        return core
-    tier = msgpack.packb(host_canonical(host), use_bin_type=True)
-    return hashlib.blake2b(core + tier, digest_size=16).digest()
+    if host is not None:
+        tier = msgpack.packb(host_canonical(host), use_bin_type=True)
+        core = hashlib.blake2b(core + tier, digest_size=16).digest()
+    swa = getattr(state, "swa", None)
+    if swa is not None:
+        pool = msgpack.packb(swa_canonical(swa), use_bin_type=True)
+        core = hashlib.blake2b(b"swa" + core + pool, digest_size=16).digest()
+    mamba = getattr(state, "mamba", None)
+    if mamba is not None:
+        tier = msgpack.packb(mamba_canonical(mamba), use_bin_type=True)
+        core = hashlib.blake2b(b"mamba" + core + tier, digest_size=16).digest()
+    return core

@@ -165,18 +165,20 @@ class Engine:
 
     def configure(self, **changes: Any) -> None:
         """Change the geometry of a fresh engine (before any event was applied); ``swa_pages``
-        gives it an SWA pool of that many pages (it keeps its pool otherwise)."""
+        gives it an SWA pool of that many pages, ``mamba_slots`` a Mamba pool of that many
+        slots (it keeps its pools otherwise)."""
         if self.seq != self._initial.seq or self._initial.seq != 0:
             raise RuntimeError("an engine's geometry is fixed once events were applied")
-        swa = self._initial.swa
+        swa, mamba = self._initial.swa, self._initial.mamba
         swa_pages = changes.pop("swa_pages", 0 if swa is None else swa.num_pages)
+        mamba_slots = changes.pop("mamba_slots", 0 if mamba is None else mamba.num_slots)
         fields = {"num_pages": self.geometry.num_pages, "page_size": self.geometry.page_size,
                   "num_rows": self.geometry.num_rows, "row_width": self.geometry.row_width,
                   "mode": self.geometry.mode, **changes}
         host = self._initial.host
         self._initial = initial_state(Geometry(**fields),
                                       host_pages=0 if host is None else host.num_pages,
-                                      swa_pages=swa_pages)
+                                      swa_pages=swa_pages, mamba_slots=mamba_slots)
         self._reset_to(self._initial)
 
     # -- listeners ------------------------------------------------------------------

@@ -39,6 +39,26 @@ class Node(NamedTuple):
     last_access: int
     extra: Any = None  # block mode: the block's tagged extra keys (part of its identity)
     below: int = 0
+    swa: SwaNode | None = None  # caches with an SWA pool: every node but the root has one
+
+
+class SwaNode(NamedTuple):
+    """A tree node's sliding-window (SWA) component, in a cache with an SWA pool.
+
+    ``live``: the node's SWA KV is on the device (its FULL pages have SWA
+    peers, ``State.swa.peer``); a *tombstone* (``live=False``) keeps its FULL
+    KV but lost its SWA KV.  ``lock_ref``: SWA window locks covering the node
+    (never above the node's FULL ``lock_ref``).  ``uuid``: the window-boundary
+    receipt stamped on the node where a window lock stopped (0: none).
+    ``stamp``: the node's place in the SWA LRU (a logical time; larger is more
+    recent, and among equal stamps, which lie on one root path, the deeper
+    node is the more recent; 0 on a tombstone).
+    """
+
+    live: bool = False
+    lock_ref: int = 0
+    uuid: int = 0
+    stamp: int = 0
 
 
 class Request(NamedTuple):
@@ -61,10 +81,12 @@ class HostNode(NamedTuple):
 class MNode:
     """A tree node being edited (fields as ``Node``; ``children`` is a mutable mapping)."""
 
-    __slots__ = ("parent", "key", "pages", "children", "lock_ref", "last_access", "extra", "below")
+    __slots__ = ("parent", "key", "pages", "children", "lock_ref", "last_access", "extra", "below",
+                 "swa")
 
     def __init__(self, parent: int, key: tuple[int, ...], pages: tuple[int, ...], children: Any,
-                 lock_ref: int, last_access: int, extra: Any = None, below: int = 0) -> None:
+                 lock_ref: int, last_access: int, extra: Any = None, below: int = 0,
+                 swa: SwaNode | None = None) -> None:
         self.parent = parent
         self.key = key
         self.pages = pages
@@ -73,6 +95,7 @@ class MNode:
         self.last_access = last_access
         self.extra = extra
         self.below = below
+        self.swa = swa
 
 
 class MRequest:
@@ -95,7 +118,7 @@ def freeze_node(node: MNode | Node) -> Node:
     if not isinstance(children, Map):
         children = children.finish() if hasattr(children, "finish") else Map(children)
     return Node(node.parent, node.key, node.pages, children, node.lock_ref, node.last_access,
-                node.extra, node.below)
+                node.extra, node.below, node.swa)
 
 
 def freeze_request(record: MRequest | Request) -> Request:

@@ -24,22 +24,22 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 from immutables import Map
 
 from kvstate import canonical
 from kvstate.freequeue import FreeQueue
-from kvstate.records import ChildKey, HostNode, Node, Request, RequestId
+from kvstate.records import ChildKey, HostNode, Node, Request, RequestId, SwaNode
 
 DETACHED = 0  # holder id of pages handed out by a bare allocator call
 ROOT = 0  # node id of the radix tree's root
 MODES = ("radix", "block")
 
 __all__ = ["DETACHED", "MODES", "ROOT", "ChildKey", "Geometry", "HostNode", "HostTier", "Node",
-           "Request", "RequestId", "State", "block_child_key", "expand_pages", "initial_state",
-           "slot_span"]
+           "MambaNode", "MambaTier", "Request", "RequestId", "State", "SwaNode", "SwaTier",
+           "block_child_key", "expand_pages", "initial_state", "slot_span"]
 
 
 @attrs.frozen
@@ -119,6 +119,85 @@ def empty_host_tier(num_pages: int) -> HostTier:
     return HostTier(num_pages, FreeQueue.from_range(0, num_pages), Map(), Map(), Map(), Map())
 
 
+@attrs.frozen
+class SwaTier:
+    """The sliding-window (SWA) KV pool beside the FULL pool (SGLang's hybrid SWA models).
+
+    SWA pages are ``1..num_pages`` (page 0 is the padding page) with the FULL
+    pool's page size.  Each is free (in ``free_pages``) or the *peer* of
+    exactly one allocated FULL page: ``peer`` is SGLang's
+    ``full_to_swa_index_mapping`` at page granularity (both pools page in
+    step, so a FULL page's slots map to the same offsets of its peer).  A
+    tree node's SWA component (``Node.swa``) is live exactly when its FULL
+    pages have peers.  ``next_uuid`` numbers window-boundary receipts;
+    ``evictable`` / ``protected`` are derived token counts of live SWA in the
+    tree (unlocked / under a window lock), like the FULL counters.
+    """
+
+    num_pages: int
+    free_pages: FreeQueue
+    peer: Map[int, int]  # FULL page -> its SWA page
+    next_uuid: int = 1
+    evictable: int = 0  # derived: live, window-unlocked SWA tokens in the tree
+    protected: int = 0  # derived: live, window-locked SWA tokens in the tree
+
+
+def empty_swa_tier(num_pages: int, next_uuid: int = 1) -> SwaTier:
+    if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages <= 0:
+        raise ValueError(f"swa num_pages must be a positive int, got {num_pages!r}")
+    return SwaTier(num_pages, FreeQueue.from_range(1, num_pages + 1), Map(), next_uuid)
+
+
+class MambaNode(NamedTuple):
+    """A tree node's Mamba component, in a cache with a Mamba pool (``MambaTier.nodes``).
+
+    ``slot``: the Mamba state slot cached at the node's end (0: none; a node
+    split off above a state, or one whose state was evicted, keeps its FULL
+    KV without one).  ``lock_ref``: Mamba locks on the node itself (a request
+    locks only the state it resumes from; never above the node's FULL
+    ``lock_ref``).  ``stamp``: the state's place in the Mamba LRU (a logical
+    time, unique among the tree's states; larger is more recent; 0 without a
+    state).
+    """
+
+    slot: int = 0
+    lock_ref: int = 0
+    stamp: int = 0
+
+
+@attrs.frozen
+class MambaTier:
+    """The Mamba state pool beside the FULL pool (SGLang's ``MambaPool`` / ``MambaSlotAllocator``).
+
+    Slots are ``1..num_slots`` (slot 0 is the dummy padding slot).  Each is
+    exactly one of: free (in ``free_slots``, queue order = reuse order: SGLang
+    takes from the front and appends frees), held by a request row (``held``
+    and the row's entries in ``rows``: ``(mamba_pool_idx, *ping-pong track
+    slots)``, 0 for an empty entry), held DETACHED (between owners: a
+    copy-on-match slot before its row exists, a checkpoint being inserted),
+    or the state of one tree node (``nodes[node].slot``; ``slot_node`` is its
+    reverse index).  ``nodes`` has an entry for every node with a state or a
+    Mamba lock.  ``evictable`` / ``protected`` are derived counts of the
+    tree's states (Mamba-unlocked / locked), SGLang's ``mamba_evictable_size``
+    and ``mamba_protected_size``.
+    """
+
+    num_slots: int
+    free_slots: FreeQueue
+    held: Map[int, RequestId]  # slot -> the request row holding it, or DETACHED
+    rows: Map[RequestId, tuple[int, ...]]  # row -> (main slot, *track slots); 0 = empty entry
+    nodes: Map[int, MambaNode]  # tree node -> its Mamba component (a state or a lock)
+    slot_node: Map[int, int] = attrs.field(factory=Map)  # derived: slot -> tree node
+    evictable: int = 0  # derived: Mamba-unlocked states in the tree
+    protected: int = 0  # derived: Mamba-locked states in the tree
+
+
+def empty_mamba_tier(num_slots: int) -> MambaTier:
+    if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
+        raise ValueError(f"mamba num_slots must be a positive int, got {num_slots!r}")
+    return MambaTier(num_slots, FreeQueue.from_range(1, num_slots + 1), Map(), Map(), Map())
+
+
 @attrs.frozen(eq=False)
 class State:
     """The whole cache state.  Immutable; equality and hashing go by fingerprint."""
@@ -144,6 +223,8 @@ class State:
     # not leave the tree: evicting it would be a use after free.
     tree_refs: Map[int, int] = attrs.field(factory=Map)
     host: HostTier | None = None  # the host tier, when the cache has one
+    swa: SwaTier | None = None  # the SWA pool, when the cache is a FULL + SWA hybrid
+    mamba: MambaTier | None = None  # the Mamba pool, when the cache is a FULL + MAMBA hybrid
     _fingerprint: list[bytes] = attrs.field(factory=list, repr=False, alias="_fingerprint")
 
     # -- identity ---------------------------------------------------------
@@ -247,12 +328,19 @@ def slot_span(pages: Sequence[int], page_size: int, start: int, stop: int) -> tu
     return expand_pages(pages[first:last], page_size)[start - offset: stop - offset]
 
 
-def initial_state(geometry: Geometry, *, host_pages: int = 0) -> State:
+def initial_state(geometry: Geometry, *, host_pages: int = 0, swa_pages: int = 0,
+                  mamba_slots: int = 0) -> State:
     """Everything free: pages 1..N in order, rows handed out from the top.
 
     O(1) memory whatever the geometry declares: the free lists are ranges.
-    ``host_pages`` > 0 adds an empty host tier of that many pages.
+    ``host_pages`` > 0 adds an empty host tier of that many pages;
+    ``swa_pages`` > 0 an empty SWA pool (radix mode, no host tier);
+    ``mamba_slots`` > 0 an empty Mamba pool (radix mode, no host tier).
     """
+    if swa_pages and (host_pages or geometry.mode != "radix"):
+        raise ValueError("an SWA pool needs radix mode and no host tier")
+    if mamba_slots and (host_pages or geometry.mode != "radix"):
+        raise ValueError("a Mamba pool needs radix mode and no host tier")
     root = Node(parent=-1, key=(), pages=(), children=Map(), lock_ref=1, last_access=0)
     return State(
         geometry=geometry,
@@ -269,4 +357,6 @@ def initial_state(geometry: Geometry, *, host_pages: int = 0) -> State:
         evictable_size=0,
         protected_size=0,
         host=empty_host_tier(host_pages) if host_pages else None,
+        swa=empty_swa_tier(swa_pages) if swa_pages else None,
+        mamba=empty_mamba_tier(mamba_slots) if mamba_slots else None,
     )

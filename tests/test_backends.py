@@ -20,6 +20,7 @@ from kvstate import events as ev
 from kvstate.backends.live import LiveState
 from kvstate.backends.persistent import apply_valid
 from kvstate.checking.enabled import candidate_events
+from kvstate.checking.levels import geometry_of
 from kvstate.checking.scopes import SCOPES
 from kvstate.errors import InvalidEvent
 from kvstate.freequeue import FreeQueue, LiveQueue
@@ -35,9 +36,7 @@ def _derived(state):
 def _walk(scope_name: str, seed: int, steps: int) -> None:
     scope = SCOPES[scope_name]
     rng = random.Random(seed)
-    geometry = Geometry(num_pages=scope.num_pages, page_size=scope.page_size,
-                        num_rows=scope.num_rows, row_width=scope.num_pages * scope.page_size)
-    frozen = initial_state(geometry)
+    frozen = initial_state(geometry_of(scope), host_pages=scope.host_pages)
     live = LiveState.thaw(frozen)
     for _ in range(steps):
         candidates = list(candidate_events(frozen, scope))
@@ -65,7 +64,8 @@ def _walk(scope_name: str, seed: int, steps: int) -> None:
         assert check(live) == check(frozen) == []
 
 
-@pytest.mark.parametrize("scope", ["tiny", "paged", "tree", "core6"])
+@pytest.mark.parametrize("scope", ["tiny", "paged", "tree", "core6", "rows-sglang",
+                                   "rows-sglang-paged", "block", "host"])
 @pytest.mark.parametrize("seed", range(4))
 def test_backends_agree_on_random_walks(scope, seed):
     _walk(scope, seed, 150)

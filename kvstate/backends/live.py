@@ -25,7 +25,18 @@ from kvstate.freequeue import LiveQueue
 from kvstate.records import MNode, MRequest, RequestId, freeze_node, freeze_request, thaw_request
 from kvstate.rules import RULES, Reject
 from kvstate.rules.store import Touched
-from kvstate.state import Geometry, HostTier, Node, State, empty_host_tier, initial_state
+from kvstate.state import (
+    Geometry,
+    HostTier,
+    MambaTier,
+    Node,
+    State,
+    SwaTier,
+    empty_host_tier,
+    empty_mamba_tier,
+    empty_swa_tier,
+    initial_state,
+)
 
 
 class LiveHost:
@@ -52,12 +63,58 @@ class LiveHost:
                         Map(self.evicted), Map(self.evicted_children))
 
 
+class LiveSwa:
+    """The SWA pool in mutable containers (fields as ``kvstate.state.SwaTier``)."""
+
+    __slots__ = ("num_pages", "free_pages", "peer", "next_uuid", "evictable", "protected")
+
+    def __init__(self, tier: SwaTier) -> None:
+        self.num_pages = tier.num_pages
+        self.free_pages = tier.free_pages.thaw()
+        self.peer = dict(tier.peer.items())
+        self.next_uuid = tier.next_uuid
+        self.evictable = tier.evictable
+        self.protected = tier.protected
+
+    def snapshot(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def freeze(self) -> SwaTier:
+        return SwaTier(self.num_pages, self.free_pages.freeze(), Map(self.peer), self.next_uuid,
+                       self.evictable, self.protected)
+
+
+class LiveMamba:
+    """The Mamba pool in mutable containers (fields as ``kvstate.state.MambaTier``)."""
+
+    __slots__ = ("num_slots", "free_slots", "held", "rows", "nodes", "slot_node", "evictable",
+                 "protected")
+
+    def __init__(self, tier: MambaTier) -> None:
+        self.num_slots = tier.num_slots
+        self.free_slots = tier.free_slots.thaw()
+        self.held = dict(tier.held.items())
+        self.rows = dict(tier.rows.items())
+        self.nodes = dict(tier.nodes.items())
+        self.slot_node = dict(tier.slot_node.items())
+        self.evictable = tier.evictable
+        self.protected = tier.protected
+
+    def snapshot(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def freeze(self) -> MambaTier:
+        return MambaTier(self.num_slots, self.free_slots.freeze(), Map(self.held), Map(self.rows),
+                         Map(self.nodes), Map(self.slot_node), self.evictable, self.protected)
+
+
 class LiveState:
     """Every field of ``State`` in mutable containers; applies events in place."""
 
     __slots__ = ("geometry", "seq", "clock", "free_pages", "holders", "page_node", "free_rows",
                  "row_generation", "requests", "nodes", "next_node_id", "evictable_size",
-                 "protected_size", "leaves", "tree_refs", "host", "touched", "request_w", "node_w")
+                 "protected_size", "leaves", "tree_refs", "host", "swa", "mamba", "touched",
+                 "request_w", "node_w")
 
     geometry: Geometry
     seq: int
@@ -75,6 +132,8 @@ class LiveState:
     leaves: dict[int, None]
     tree_refs: dict[int, int]
     host: LiveHost | None
+    swa: LiveSwa | None
+    mamba: LiveMamba | None
     touched: Touched | None
     request_w: Callable[[RequestId], MRequest]  # the store's write access (see thaw)
     node_w: Callable[[int], MNode]
@@ -93,7 +152,7 @@ class LiveState:
         live.row_generation = dict(state.row_generation.items())
         live.requests = {rid: thaw_request(r) for rid, r in state.requests.items()}
         live.nodes = {nid: MNode(n.parent, n.key, n.pages, dict(n.children.items()), n.lock_ref,
-                                 n.last_access, n.extra, n.below)
+                                 n.last_access, n.extra, n.below, n.swa)
                       for nid, n in state.nodes.items()}
         live.next_node_id = state.next_node_id
         live.evictable_size = state.evictable_size
@@ -101,6 +160,8 @@ class LiveState:
         live.leaves = dict(state.leaves.items())
         live.tree_refs = dict(state.tree_refs.items())
         live.host = None if state.host is None else LiveHost(state.host)
+        live.swa = None if state.swa is None else LiveSwa(state.swa)
+        live.mamba = None if state.mamba is None else LiveMamba(state.mamba)
         live.touched = None
         # The store's write access is the record itself: bound C lookups, no Python frame
         # (the dicts are never replaced, so the bindings stay right).
@@ -109,8 +170,10 @@ class LiveState:
         return live
 
     @classmethod
-    def empty(cls, geometry: Geometry, *, host_pages: int = 0) -> LiveState:
-        return cls.thaw(initial_state(geometry, host_pages=host_pages))
+    def empty(cls, geometry: Geometry, *, host_pages: int = 0, swa_pages: int = 0,
+              mamba_slots: int = 0) -> LiveState:
+        return cls.thaw(initial_state(geometry, host_pages=host_pages, swa_pages=swa_pages,
+                                      mamba_slots=mamba_slots))
 
     def freeze(self) -> State:
         """A frozen ``State`` equal to this one (this one stays usable).  O(state)."""
@@ -132,6 +195,8 @@ class LiveState:
             leaves=Map(self.leaves),
             tree_refs=Map(self.tree_refs),
             host=None if self.host is None else self.host.freeze(),
+            swa=None if self.swa is None else self.swa.freeze(),
+            mamba=None if self.mamba is None else self.mamba.freeze(),
         )
 
     # -- applying ---------------------------------------------------------------------
@@ -177,6 +242,16 @@ class LiveState:
     def reset_host(self) -> None:
         if self.host is not None:
             self.host = LiveHost(empty_host_tier(self.host.num_pages))
+
+    def reset_swa(self) -> None:
+        """Every SWA page free again, in order (receipts keep counting up)."""
+        if self.swa is not None:
+            self.swa = LiveSwa(empty_swa_tier(self.swa.num_pages, self.swa.next_uuid))
+
+    def reset_mamba(self) -> None:
+        """Every Mamba slot free again, in order; no row or node keeps one."""
+        if self.mamba is not None:
+            self.mamba = LiveMamba(empty_mamba_tier(self.mamba.num_slots))
 
     # -- readers shared with State ---------------------------------------------------
     @property

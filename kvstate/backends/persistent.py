@@ -20,7 +20,16 @@ from kvstate.freequeue import FreeQueue
 from kvstate.records import MNode, MRequest, Request, RequestId, freeze_node, freeze_request, thaw_request
 from kvstate.rules import RULES, Reject
 from kvstate.rules.store import Touched
-from kvstate.state import STATE_FIELDS, HostTier, State, empty_host_tier
+from kvstate.state import (
+    STATE_FIELDS,
+    HostTier,
+    MambaTier,
+    State,
+    SwaTier,
+    empty_host_tier,
+    empty_mamba_tier,
+    empty_swa_tier,
+)
 
 _MAPS = frozenset({"holders", "page_node", "row_generation", "tree_refs", "leaves", "requests",
                    "nodes"})
@@ -61,6 +70,63 @@ class HostTransaction:
         return HostTier(**fields)
 
 
+class SwaTransaction:
+    """The SWA pool opened for one event (its map lazily, like ``Transaction``'s)."""
+
+    def __init__(self, tier: SwaTier) -> None:
+        self._tier = tier
+        self.num_pages = tier.num_pages
+        self.free_pages = tier.free_pages
+        self.next_uuid = tier.next_uuid
+        self.evictable = tier.evictable
+        self.protected = tier.protected
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "peer":
+            raise AttributeError(name)
+        value = self.__dict__[name] = self._tier.peer.mutate()
+        return value
+
+    def snapshot(self, name: str) -> Any:
+        return _snapshot(self, name)
+
+    def finish(self) -> SwaTier:
+        opened = self.__dict__.get("peer")
+        peer = self._tier.peer if opened is None else opened.finish()
+        return SwaTier(self.num_pages, self.free_pages, peer, self.next_uuid, self.evictable,
+                       self.protected)
+
+
+_MAMBA_MAPS = ("held", "rows", "nodes", "slot_node")
+
+
+class MambaTransaction:
+    """The Mamba pool opened for one event (its maps lazily, like ``Transaction``'s)."""
+
+    def __init__(self, tier: MambaTier) -> None:
+        self._tier = tier
+        self.num_slots = tier.num_slots
+        self.free_slots = tier.free_slots
+        self.evictable = tier.evictable
+        self.protected = tier.protected
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _MAMBA_MAPS:
+            raise AttributeError(name)
+        value = self.__dict__[name] = getattr(self._tier, name).mutate()
+        return value
+
+    def snapshot(self, name: str) -> Any:
+        return _snapshot(self, name)
+
+    def finish(self) -> MambaTier:
+        opened = self.__dict__
+        maps = {name: getattr(self._tier, name) if name not in opened else opened[name].finish()
+                for name in _MAMBA_MAPS}
+        return MambaTier(num_slots=self.num_slots, free_slots=self.free_slots,
+                         evictable=self.evictable, protected=self.protected, **maps)
+
+
 class Transaction:
     """A store over a frozen ``State`` for one event (see ``kvstate.rules.store``)."""
 
@@ -84,6 +150,12 @@ class Transaction:
         elif name == "host":
             tier = self._state.host
             value = None if tier is None else HostTransaction(tier)
+        elif name == "swa":
+            pool = self._state.swa
+            value = None if pool is None else SwaTransaction(pool)
+        elif name == "mamba":
+            states = self._state.mamba
+            value = None if states is None else MambaTransaction(states)
         else:
             raise AttributeError(name)
         self.__dict__[name] = value
@@ -111,7 +183,8 @@ class Transaction:
             nodes = self.nodes
             frozen = nodes[node_id]
             node = MNode(frozen.parent, frozen.key, frozen.pages, frozen.children.mutate(),
-                         frozen.lock_ref, frozen.last_access, frozen.extra, frozen.below)
+                         frozen.lock_ref, frozen.last_access, frozen.extra, frozen.below,
+                         frozen.swa)
             self._nodes_w[node_id] = nodes[node_id] = node
         return node
 
@@ -139,6 +212,18 @@ class Transaction:
         if tier is not None:
             self.__dict__["host"] = HostTransaction(empty_host_tier(tier.num_pages))
 
+    def reset_swa(self) -> None:
+        """Every SWA page free again, in order (receipts keep counting up)."""
+        swa = self.swa
+        if swa is not None:
+            self.__dict__["swa"] = SwaTransaction(empty_swa_tier(swa.num_pages, swa.next_uuid))
+
+    def reset_mamba(self) -> None:
+        """Every Mamba slot free again, in order; no row or node keeps one."""
+        mamba = self.mamba
+        if mamba is not None:
+            self.__dict__["mamba"] = MambaTransaction(empty_mamba_tier(mamba.num_slots))
+
     # -- the new state ------------------------------------------------------------
     def finish(self, seq: int) -> State:
         opened = self.__dict__
@@ -161,9 +246,9 @@ class Transaction:
                 values.append(getattr(state, name))
             elif name in _MAPS:
                 values.append(opened[name].finish())
-            elif name == "host":
-                host = opened[name]
-                values.append(None if host is None else host.finish())
+            elif name in ("host", "swa", "mamba"):
+                tier = opened[name]
+                values.append(None if tier is None else tier.finish())
             else:
                 values.append(opened[name])
         return State(*values)

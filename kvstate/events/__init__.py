@@ -2,9 +2,11 @@
 
 ``base`` (the base class, field types, tag registry), ``radix`` (rows,
 pages, the radix tree), ``block`` (vLLM's block pool), ``host`` (the host
-tier) and ``codec`` (records ``[tag, version, *fields]``, validated while
-decoded).  The event modules are imported before the codec so its union
-covers every tag.
+tier), ``swa`` (the SWA pool of a FULL + SWA hybrid), ``mamba`` (the Mamba
+state pool of a FULL + MAMBA hybrid) and ``codec`` (records
+``[tag, version, *fields]``, validated while decoded).  The codec covers
+every registered tag whatever the import order: it rebuilds when it meets a
+type registered after it was built.
 """
 
 from kvstate.events.base import EVENT_TYPES, MAX_ID, MAX_NAME_CHARS, Event, RequestId, event
@@ -18,7 +20,7 @@ from kvstate.events.block import (
     BlockUncache,
     CacheEntry,
 )
-from kvstate.events.codec import (  # noqa: I001  (after the event modules: the union covers every tag)
+from kvstate.events.codec import (
     EventDecodeError,
     decode_event,
     encode_event,
@@ -26,6 +28,19 @@ from kvstate.events.codec import (  # noqa: I001  (after the event modules: the 
     validated,
 )
 from kvstate.events.host import HOST_EVENTS, HostFree, Load, Offload
+from kvstate.events.mamba import (
+    MAMBA_EVENTS,
+    MambaAlloc,
+    MambaBind,
+    MambaCommit,
+    MambaCopy,
+    MambaDonate,
+    MambaEvict,
+    MambaFree,
+    MambaLock,
+    MambaTouch,
+    MambaUnlock,
+)
 from kvstate.events.radix import (
     RADIX_EVENTS,
     Allocate,
@@ -47,12 +62,28 @@ from kvstate.events.radix import (
     Truncate,
     Unlock,
 )
+from kvstate.events.swa import (
+    SWA_EVENTS,
+    SwaAdopt,
+    SwaAlloc,
+    SwaEvict,
+    SwaFree,
+    SwaLock,
+    SwaPublish,
+    SwaRebind,
+    SwaTouch,
+    SwaUnlock,
+)
 
 __all__ = [
     "BLOCK_EVENTS", "EVENT_TYPES", "HOST_EVENTS", "MAX_ID", "MAX_NAME_CHARS", "RADIX_EVENTS",
     "Allocate", "Append", "Assign", "BlockAlloc", "BlockCache", "BlockClear", "BlockHold",
     "BlockRelease", "BlockUncache", "CacheEntry", "Copy", "Event", "EventDecodeError", "Evict",
-    "Free", "FreeMapped", "HostFree", "Insert", "Load", "Lock", "Offload", "ReqAlloc", "ReqFree", "RequestId",
-    "Reset", "Scatter", "Share", "Split", "Touch", "Truncate", "Unlock", "decode_event",
+    "Free", "FreeMapped", "HostFree", "Insert", "Load", "Lock", "MAMBA_EVENTS", "MambaAlloc",
+    "MambaBind", "MambaCommit", "MambaCopy", "MambaDonate", "MambaEvict", "MambaFree",
+    "MambaLock", "MambaTouch", "MambaUnlock", "Offload", "ReqAlloc", "ReqFree", "RequestId",
+    "Reset", "SWA_EVENTS", "Scatter", "Share", "Split", "SwaAdopt", "SwaAlloc", "SwaEvict",
+    "SwaFree", "SwaLock", "SwaPublish", "SwaRebind", "SwaTouch", "SwaUnlock", "Touch",
+    "Truncate", "Unlock", "decode_event",
     "encode_event", "event", "event_record", "validated",
 ]

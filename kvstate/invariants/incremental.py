@@ -20,7 +20,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvstate.invariants.core import node_locks, request_shape
+from kvstate.invariants.mamba import check_mamba
+from kvstate.invariants.mamba_incremental import MambaShadow
 from kvstate.invariants.registry import HOST_NAMES, Violation, run_checks
+from kvstate.invariants.swa import check_swa
+from kvstate.invariants.swa_incremental import SwaShadow
 from kvstate.records import RequestId
 from kvstate.rules.store import Touched
 from kvstate.state import DETACHED, ROOT, block_child_key
@@ -47,6 +51,8 @@ class IncrementalChecker:
         for node_id, node in live.nodes.items():
             self._size(node_id, node)
         self.rows = sum(1 for r in live.requests if isinstance(r, int))
+        self.swa = None if live.swa is None else SwaShadow(live)  # the SWA pool's shadows
+        self.mamba = None if live.mamba is None else MambaShadow(live)  # the Mamba pool's
 
     def _map(self, request_id: RequestId, entries: list[int | None]) -> None:
         self.tables[request_id] = entries
@@ -87,7 +93,8 @@ class IncrementalChecker:
             touched.clear()
             self.full_checks += 1
             self._rebuild()
-            return run_checks(live)
+            return run_checks(live) + [Violation(name, message) for name, message in
+                                       check_swa(live) + check_mamba(live)]
         found: list[Violation] = []
         pages = set(touched.pages)  # plus the pages a changed table now maps, or no longer does
         for request_id, index in touched.requests.items():
@@ -101,6 +108,10 @@ class IncrementalChecker:
         found.extend(self._globals())
         if touched.host_nodes or (live.host is not None and touched.nodes):
             found.extend(run_checks(live, tuple(sorted(HOST_NAMES))))
+        if self.swa is not None:
+            found.extend(self.swa.check(touched))
+        if self.mamba is not None:
+            found.extend(self.mamba.check(touched))
         touched.clear()
         return found
 

@@ -15,32 +15,8 @@ Nothing here imports torch, time, random or os.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
-from kvstate.events import Event
-
-E = TypeVar("E", bound=Event)
-Rule = Callable[[Any, Any], None]
-
-RULES: dict[type[Event], Rule] = {}
-
-
-class Reject(Exception):
-    """Raised by a rule for a violated precondition (the message says which)."""
-
-
-def rule(event_type: type[E]) -> Callable[[Callable[[Any, E], None]], Callable[[Any, E], None]]:
-    """Register the rule of ``event_type`` (one per type)."""
-
-    def register(fn: Callable[[Any, E], None]) -> Callable[[Any, E], None]:
-        if event_type in RULES:
-            raise ValueError(f"{event_type.__name__} already has a rule")
-        RULES[event_type] = fn
-        return fn
-
-    return register
-
-
 # Register every rule (imported for their side effect on RULES).
-from kvstate.rules import block, frees, host, pages, rows, tree  # noqa: E402,F401
+from kvstate.rules import block, frees, host, mamba, pages, rows, swa, swa_recover, tree  # noqa: F401
+from kvstate.rules.registry import RULES, Reject, Rule, rule
+
+__all__ = ["RULES", "Reject", "Rule", "rule"]

@@ -22,8 +22,8 @@ from typing import Any
 
 from kvstate.events import BlockAlloc, BlockCache, BlockClear, BlockHold, BlockRelease, BlockUncache
 from kvstate.records import MNode, RequestId
-from kvstate.rules import Reject, rule
 from kvstate.rules.common import check_distinct, check_page_id, check_request
+from kvstate.rules.registry import Reject, rule
 from kvstate.state import DETACHED, ROOT, block_child_key
 
 

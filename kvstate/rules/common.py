@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvstate.records import RequestId
-from kvstate.rules import Reject
+from kvstate.rules.registry import Reject
 from kvstate.state import DETACHED
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from kvstate.events import Copy, Free, FreeMapped, Share
 from kvstate.records import RequestId
-from kvstate.rules import Reject, rule
 from kvstate.rules.common import check_distinct, check_page_id, check_request, live_entries
+from kvstate.rules.registry import Reject, rule
 from kvstate.state import DETACHED
 
 
@@ -21,6 +21,8 @@ def _check_freeable(s: Any, page: int) -> tuple[Any, ...]:
     if held is None:
         check_page_id(s, page)
         raise Reject(f"page {page} is already free (double free)")
+    if s.swa is not None and page in s.swa.peer:
+        raise Reject(f"page {page} still has SWA page {s.swa.peer[page]}; free it first (SwaFree)")
     return tuple(held)
 
 

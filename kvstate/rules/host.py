@@ -15,8 +15,8 @@ from typing import Any
 
 from kvstate.events import Event, HostFree, Load, Offload
 from kvstate.records import MNode
-from kvstate.rules import Reject, rule
 from kvstate.rules.common import check_distinct, check_time
+from kvstate.rules.registry import Reject, rule
 from kvstate.state import ROOT
 
 

@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 
 from kvstate.events import Allocate, Append, Assign, Scatter, Truncate
 from kvstate.records import RequestId
-from kvstate.rules import Reject, rule
 from kvstate.rules.common import (
     bump_counts,
     check_distinct,
@@ -26,6 +25,7 @@ from kvstate.rules.common import (
     live_entries,
     release_pages,
 )
+from kvstate.rules.registry import Reject, rule
 from kvstate.state import DETACHED, expand_pages
 
 _DETACHED_HOLD = (DETACHED,)

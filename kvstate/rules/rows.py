@@ -12,8 +12,9 @@ from typing import Any
 
 from kvstate.events import ReqAlloc, ReqFree, Reset
 from kvstate.records import MNode, RequestId
-from kvstate.rules import Reject, rule
 from kvstate.rules.common import check_distinct, check_request, live_entries, release_pages
+from kvstate.rules.mamba_clauses import release_row, reset_tree_states
+from kvstate.rules.registry import Reject, rule
 from kvstate.state import ROOT
 
 
@@ -60,6 +61,7 @@ def _close(s: Any, request_ids: tuple[RequestId, ...] | list[RequestId]) -> None
         record = s.requests[request_id]
         table = live_entries(record.pages, record.dangling)
         release_pages(s, request_id, table)
+        release_row(s, request_id)
         s.close_request(request_id)
         if touched is not None:
             touched.pages.update(table)
@@ -78,6 +80,10 @@ def reset(s: Any, event: Reset) -> None:
     ``rows``: close every request (their own pages become DETACHED).
     ``pages``: all pages free in order 1..N; needs an empty tree and no open request.
     ``all``: back to the initial state, keeping the clock and node ids monotone.
+    With an SWA pool, the tree's SWA pages go back with the tree (tail, in
+    ascending order) and ``pages`` / ``all`` free the whole pool.  With a
+    Mamba pool, likewise the tree's states (tail, ascending slots); closed
+    rows' Mamba slots become DETACHED; ``pages`` / ``all`` free every slot.
     """
     scope = event.scope
     if scope == "tree":
@@ -104,11 +110,21 @@ def reset(s: Any, event: Reset) -> None:
     if scope in ("pages", "all"):
         s.free_pages = s.new_queue(1, s.geometry.num_pages + 1)
         s.clear("holders")
+        s.reset_swa()
+        s.reset_mamba()
 
 
 def _reset_tree(s: Any) -> None:
     holders = s.holders
-    freed = sorted(p for p in s.snapshot("page_node").keys() if p not in holders)
+    tree_pages = s.snapshot("page_node").keys()
+    freed = sorted(p for p in tree_pages if p not in holders)
+    pool = s.swa
+    if pool is not None:
+        peer = pool.peer
+        released = sorted(peer.pop(page) for page in tree_pages if page in peer)
+        pool.free_pages = pool.free_pages.push_tail(released)
+        pool.evictable = pool.protected = 0
+    reset_tree_states(s)
     root = s.nodes[ROOT]
     for node_id in [n for n in s.snapshot("nodes").keys() if n != ROOT]:
         s.drop_node(node_id)

@@ -1,10 +1,11 @@
 """What a rule may read and write: the ``Store`` protocol both backends implement.
 
 Maps (``holders``, ``page_node``, ``row_generation``, ``tree_refs``,
-``leaves``; the host tier's) are edited with item syntax: a ``dict`` on the
-live backend, an ``immutables`` map mutation on the persistent one.  Queues
-(``free_pages``, ``free_rows``, ``host.free_pages``) return themselves or
-their successor from every edit, so a rule always stores the result back.
+``leaves``; the host tier's; the SWA pool's ``peer``; the Mamba pool's) are edited with item
+syntax: a ``dict`` on the live backend, an ``immutables`` map mutation on the
+persistent one.  Queues (``free_pages``, ``free_rows``, ``host.free_pages``,
+``swa.free_pages``) return themselves or their successor from every edit, so
+a rule always stores the result back.
 A rule that must iterate a map takes ``snapshot(name)``: the map as it is
 now, to read (a map mutation cannot be iterated).
 Records are read through ``requests`` and ``nodes`` and edited only through
@@ -29,10 +30,12 @@ class Touched:
     ``pages`` and ``nodes`` whose entries changed (``stamped``: nodes whose only
     change was an access time); ``requests`` maps each request whose record
     changed to the first table index that may have changed (its old length when
-    it only grew); ``host_nodes`` for the host tier; ``everything`` after a reset.
+    it only grew); ``host_nodes`` for the host tier; ``mamba_slots`` the Mamba
+    slots whose owner changed; ``everything`` after a reset.
     """
 
-    __slots__ = ("pages", "nodes", "stamped", "requests", "host_nodes", "everything")
+    __slots__ = ("pages", "nodes", "stamped", "requests", "host_nodes", "mamba_slots",
+                 "everything")
 
     def __init__(self) -> None:
         self.pages: set[int] = set()
@@ -40,6 +43,7 @@ class Touched:
         self.stamped: set[int] = set()
         self.requests: dict[RequestId, int] = {}
         self.host_nodes: set[int] = set()
+        self.mamba_slots: set[int] = set()
         self.everything = False
 
     def table(self, request_id: RequestId, index: int) -> None:
@@ -54,6 +58,7 @@ class Touched:
         self.stamped.clear()
         self.requests.clear()
         self.host_nodes.clear()
+        self.mamba_slots.clear()
         self.everything = False
 
 
@@ -64,6 +69,34 @@ class HostStore(Protocol):
     owner: MutableMapping[int, int]
     evicted: MutableMapping[int, Any]
     evicted_children: MutableMapping[tuple[int, Any], int]
+
+    def snapshot(self, name: str) -> Mapping[Any, Any]: ...
+
+
+class SwaStore(Protocol):
+    """The SWA pool (``kvstate.state.SwaTier``): ``peer`` is a map, the rest plain values."""
+
+    num_pages: int
+    free_pages: Any
+    peer: MutableMapping[int, int]
+    next_uuid: int
+    evictable: int
+    protected: int
+
+    def snapshot(self, name: str) -> Mapping[Any, Any]: ...
+
+
+class MambaStore(Protocol):
+    """The Mamba pool (``kvstate.state.MambaTier``): maps, a queue and two counters."""
+
+    num_slots: int
+    free_slots: Any
+    held: MutableMapping[int, RequestId]
+    rows: MutableMapping[RequestId, tuple[int, ...]]
+    nodes: MutableMapping[int, Any]
+    slot_node: MutableMapping[int, int]
+    evictable: int
+    protected: int
 
     def snapshot(self, name: str) -> Mapping[Any, Any]: ...
 
@@ -84,6 +117,8 @@ class Store(Protocol):
     requests: Mapping[RequestId, Any]
     nodes: Mapping[int, Any]
     host: HostStore | None
+    swa: SwaStore | None
+    mamba: MambaStore | None
     touched: Touched | None
 
     def request_w(self, request_id: RequestId) -> MRequest: ...
@@ -96,3 +131,5 @@ class Store(Protocol):
     def clear(self, name: str) -> None: ...
     def snapshot(self, name: str) -> Mapping[Any, Any]: ...
     def new_queue(self, lo: int, hi: int, *, desc: bool = False) -> Any: ...
+    def reset_swa(self) -> None: ...
+    def reset_mamba(self) -> None: ...

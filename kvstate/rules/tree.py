@@ -10,6 +10,15 @@ node id, so a handle taken before the split still covers the whole prefix::
 
 With a host tier, a backed-up node's host pages split with it, and an
 evicted backed-up node stays in the tree as host-only (``kvstate.rules.host``).
+With an SWA pool (``kvstate.rules.swa``) the node's SWA component follows:
+an inserted node is live when its pages have SWA peers (a tombstone when none
+has), a split gives both halves the same component (the window receipt moves
+to the top half, the node's older edge), a FULL unlock never drops below the
+SWA window locks, and only SWA tombstones are evicted (``SwaEvict`` first).
+With a Mamba pool (``kvstate.rules.mamba``) a node's state stays with the
+bottom half of a split (the node id it had), a FULL unlock never drops below
+the node's Mamba locks, and a node whose state is still cached is not
+evicted (``MambaEvict`` first).
 """
 
 from __future__ import annotations
@@ -17,9 +26,10 @@ from __future__ import annotations
 from typing import Any
 
 from kvstate.events import Evict, Insert, Lock, Split, Touch, Unlock
-from kvstate.records import HostNode, MNode
-from kvstate.rules import Reject, rule
+from kvstate.records import HostNode, MNode, SwaNode
 from kvstate.rules.common import bump_counts, check_distinct, check_page_id, check_time
+from kvstate.rules.mamba_clauses import refuse_evict, refuse_unlock
+from kvstate.rules.registry import Reject, rule
 from kvstate.state import DETACHED, ROOT, expand_pages
 
 
@@ -66,6 +76,7 @@ def insert(s: Any, event: Insert) -> None:
             raise Reject(f"page {page} is already in tree node {page_node[page]}")
         if owner not in holders.get(page, ()):
             raise Reject(f"page {page} is not held by owner {owner!r}")
+    swa = _inserted_swa(s, pages, event.time)
     for page in pages:
         held = holders[page]
         rest = () if len(held) == 1 else tuple(h for h in held if h != owner)
@@ -75,7 +86,9 @@ def insert(s: Any, event: Insert) -> None:
             del holders[page]
         page_node[page] = event.node
     s.add_node(event.node, MNode(event.parent, tuple(key), tuple(pages), s.new_children(), 0,
-                                 event.time))
+                                 event.time, swa=swa))
+    if swa is not None and swa.live:
+        s.swa.evictable += len(key)
     s.node_w(event.parent).children[child_key] = event.node
     leaves = s.leaves
     if event.parent in leaves:
@@ -90,6 +103,19 @@ def insert(s: Any, event: Insert) -> None:
     if s.touched is not None:
         s.touched.pages.update(pages)
         s.touched.nodes.update((event.node, event.parent))
+
+
+def _inserted_swa(s: Any, pages: list[int], time: int) -> SwaNode | None:
+    """A new node's SWA component: live when every page has an SWA peer, a tombstone
+    when none has (``None`` without an SWA pool)."""
+    if s.swa is None:
+        return None
+    peer = s.swa.peer
+    paired = sum(1 for page in pages if page in peer)
+    if paired and paired != len(pages):
+        raise Reject(f"{paired} of the {len(pages)} pages have SWA pages: a node is live or a "
+                     "tombstone as a whole (insert the two parts separately)")
+    return SwaNode(True, 0, 0, time) if paired else SwaNode()
 
 
 @rule(Split)
@@ -111,13 +137,15 @@ def split(s: Any, event: Split) -> None:
     top_children = s.new_children()
     top_children[geometry.child_key(key[at:])] = event.node
     top = MNode(node.parent, key[:at], node.pages[:cut], top_children, node.lock_ref, event.time,
-                None, node.lock_ref)
+                None, node.lock_ref, node.swa)  # the top half keeps the window receipt
     s.node_w(node.parent).children[geometry.child_key(key)] = event.new_node
     page_node = s.page_node
     for page in top.pages:
         page_node[page] = event.new_node
     bottom = s.node_w(event.node)
     bottom.parent, bottom.key, bottom.pages = event.new_node, key[at:], node.pages[cut:]
+    if node.swa is not None and node.swa.uuid:
+        bottom.swa = node.swa._replace(uuid=0)
     s.add_node(event.new_node, top)
     s.next_node_id = event.new_node + 1
     s.clock = event.time
@@ -188,6 +216,10 @@ def unlock(s: Any, event: Unlock) -> None:
         node = nodes[node_id]
         if node.lock_ref == 0:
             raise Reject(f"unlock of node {node_id} below zero (lock_ref is 0)")
+        if node.swa is not None and node.lock_ref <= node.swa.lock_ref:
+            raise Reject(f"node {node_id} still has {node.swa.lock_ref} SWA window lock(s) under "
+                         "its FULL lock; release the SWA lock first")
+        refuse_unlock(s, node_id, node)
         path.append(node_id)
         node_id = node.parent
     moved = 0
@@ -224,6 +256,9 @@ def evict(s: Any, event: Evict) -> None:
             raise Reject(f"unknown tree node {node_id}")
         if node.lock_ref > 0:
             raise Reject(f"node {node_id} is locked (lock_ref {node.lock_ref})")
+        if node.swa is not None and node.swa.live:
+            raise Reject(f"node {node_id} still holds SWA KV; tombstone it first (SwaEvict)")
+        refuse_evict(s, node_id)
         children = left.get(node_id, len(node.children))
         if children > 0:
             raise Reject(f"node {node_id} is not a leaf ({children} children)")

@@ -1,0 +1,115 @@
+"""Read-only views of the SWA allocator: its two sub-allocators and the full -> SWA mapping.
+
+``PoolView`` shows one pool's free list as SGLang's sub-allocators keep it;
+``MappingMirror`` keeps the real ``full_to_swa_index_mapping`` tensor equal
+to the state's pairing (``State.swa.peer``), slot by slot as SGLang writes
+it: the allocator maps the slots it hands out, the listener clears pages
+whose SWA was freed after every committed batch.  Neither changes the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvstate.events import Event, Reset, SwaEvict, SwaFree, SwaRebind
+
+
+class PoolView:
+    """Read-only view of one side (``full_attn_allocator`` / ``swa_attn_allocator``)."""
+
+    def __init__(self, owner: Any, side: str, size: int) -> None:
+        self._owner, self._side, self.size = owner, side, size
+        self.page_size = owner.page_size
+        self.release_pages = torch.empty((0,), dtype=torch.int64)
+
+    def _queue(self) -> Any:
+        view = self._owner.engine.view
+        return view.free_pages if self._side == "full" else view.swa.free_pages
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """Free slots (page size 1) or free page ids (paged), head first, as SGLang keeps them."""
+        return torch.tensor(list(self._queue()), dtype=torch.int64)
+
+    def available_size(self) -> int:
+        return len(self._queue()) * self.page_size
+
+
+class MappingMirror:
+    """Engine listener keeping ``full_to_swa_index_mapping`` equal to the pairing, slot by
+    slot as SGLang writes it: a slot reads its SWA peer from when the allocator hands it
+    out (``hand_out``) until its page's SWA is freed (the whole page is cleared then)."""
+
+    def __init__(self, tensor: torch.Tensor, page_size: int) -> None:
+        self.tensor, self.page_size = tensor, page_size
+        self._cleared: list[tuple[Event, list[int] | None]] = []  # None: after a reset
+
+    def hand_out(self, slots: Sequence[int], view: Any) -> None:
+        """The allocator gave out FULL ``slots`` (just paired): map each to its SWA slot
+        (one indexed write, on the tensor's device)."""
+        if not slots:
+            return
+        size, peer = self.page_size, view.swa.peer
+        values = [peer[slot // size] * size + slot % size for slot in slots]
+        device = self.tensor.device
+        self.tensor[torch.tensor(list(slots), dtype=torch.int64, device=device)] = torch.tensor(
+            values, dtype=torch.int64, device=device)
+
+    def before(self, event: Event, view: Any) -> None:
+        pages: list[int] | None
+        if isinstance(event, (SwaFree, SwaRebind)):
+            pages = list(event.pages)
+        elif isinstance(event, SwaEvict):
+            pages = [p for n in event.nodes if n in view.nodes for p in view.nodes[n].pages]
+        elif isinstance(event, Reset):
+            pages = None
+        else:
+            return
+        self._cleared.append((event, pages))
+
+    def discard(self, event: Event) -> None:
+        self._cleared = [entry for entry in self._cleared if entry[0] is not event]
+
+    def after(self, events: Sequence[Event], view: Any) -> None:
+        cleared, self._cleared = self._cleared, []
+        size, peer = self.page_size, view.swa.peer
+        gone: list[int] = []
+        for _, pages in cleared:
+            candidates = pages if pages is not None else range((len(self.tensor) - 1) // size)
+            gone.extend(page for page in candidates if page not in peer)
+        if gone:
+            index = torch.tensor([p * size + k for p in gone for k in range(size)],
+                                 dtype=torch.int64, device=self.tensor.device)
+            self.tensor.index_fill_(0, index, 0)
+        for event in events:
+            if isinstance(event, SwaRebind):  # the kept FULL slots read the moved SWA slots
+                node = view.nodes.get(event.node)
+                if node is not None:
+                    self.hand_out([p * size + k for p in node.pages for k in range(size)], view)
+
+    def violations(self, view: Any) -> list[str]:
+        """Slots whose entry disagrees with the pairing (a write that bypassed the events)."""
+        size, peer = self.page_size, view.swa.peer
+        found = []
+        entries = self.tensor.tolist()
+        if entries[-1] != -1:
+            found.append("the trailing entry is not -1")
+        for slot, entry in enumerate(entries[:-1]):
+            page, offset = divmod(slot, size)
+            partner = peer.get(page)
+            if entry and (partner is None or entry != partner * size + offset):
+                found.append(f"slot {slot} maps to SWA slot {entry}, the state pairs page {page} "
+                             f"with {partner}")
+        return found
+
+    def rebuild(self, view: Any) -> None:
+        """Every paired page mapped in full (a fresh allocator over an existing state)."""
+        self.tensor[:-1] = 0
+        size = self.page_size
+        self.hand_out([p * size + k for p in view.swa.peer for k in range(size)], view)
+
+
+__all__ = ["MappingMirror", "PoolView"]
