@@ -157,12 +157,18 @@ def test_wrong_field_count_or_type(good, body, fragment):
 def test_bad_checkpoint_and_end_records(good):
     offsets = record_offsets(good)
     checkpoint_index = 2  # after two events
-    err = error_of(with_record(good, checkpoint_index, new_packer().pack(("#c", 1, 5, b"\0" * 16))))
+    zeros = b"\0" * 16
+    err = error_of(with_record(good, checkpoint_index, new_packer().pack(("#c", 2, 5, zeros, zeros))))
     assert err.offset == offsets[checkpoint_index] and "checkpoint says 5 events" in err.reason
-    err = error_of(with_record(good, checkpoint_index, new_packer().pack(("#c", 1, 2, b"\0"))))
-    assert "16 bytes" in err.reason
+    err = error_of(with_record(good, checkpoint_index, new_packer().pack(("#c", 2, 2, b"\0", zeros))))
+    assert "fingerprint is not 16 bytes" in err.reason
+    err = error_of(with_record(good, checkpoint_index, new_packer().pack(("#c", 2, 2, zeros, b"\0"))))
+    assert "digest is not 16 bytes" in err.reason
+    # A format 2 log carries format 2 framing records only (no digest-less downgrade).
+    err = error_of(with_record(good, checkpoint_index, new_packer().pack(("#c", 1, 2, zeros))))
+    assert "in a format 2 log" in err.reason
     last = len(offsets) - 1
-    err = error_of(with_record(good, last, new_packer().pack(("#e", 1, 99, b"\0" * 16))))
+    err = error_of(with_record(good, last, new_packer().pack(("#e", 2, 99, zeros, zeros))))
     assert err.offset == offsets[last] and "end record says 99" in err.reason
 
 

@@ -18,14 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.log import LogReader, replay
+from kvstate.log import LogReader
+from kvstate.replay import replay
 
 REPO = Path(__file__).resolve().parent.parent
 
 CHILD = textwrap.dedent("""
     import sys
     from kvstate.log import Recorder
-    from kvstate.log.synthetic import WorkloadSpec, run_synthetic
+    from kvstate.workloads.synthetic import WorkloadSpec, run_synthetic
 
     path, every = sys.argv[1], int(sys.argv[2])
     spec = WorkloadSpec(requests=10**6, seed=21, page_size=4, capacity=512, max_running=4)

@@ -8,14 +8,15 @@ import pytest
 
 from kvstate import Geometry, InvalidEvent, Violation, apply_all, initial_state
 from kvstate.events import Allocate, Free, Insert, Lock, ReqAlloc, ReqFree, Touch
-from kvstate.log import LogReader, read_events, replay, write_log
-from kvstate.log.minimize import (
+from kvstate.log import LogReader, read_events, write_log
+from kvstate.replay import replay
+from kvstate.replay.minimize import (
     NoFailure,
     Signature,
     minimize_events,
     minimize_file,
 )
-from kvstate.log.synthetic import WorkloadSpec, run_synthetic
+from kvstate.workloads.synthetic import WorkloadSpec, run_synthetic
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -161,7 +162,7 @@ def test_batched_events_are_shrunk_to_the_element_that_fails():
 
 @pytest.mark.parametrize("checker", [locked_twice, big_tree])
 def test_no_single_batch_reduction_of_the_result_still_fails(workload, checker):
-    from kvstate.log.candidates import batch_reductions, log_weight, replay_candidate
+    from kvstate.replay.candidates import batch_reductions, log_weight, replay_candidate
 
     geometry, events = workload
     result = minimize_events(geometry, events, checker=checker)
@@ -173,3 +174,27 @@ def test_no_single_batch_reduction_of_the_result_still_fails(workload, checker):
             candidate = [*minimized[:index], smaller, *minimized[index + 1:]]
             outcome = replay_candidate(initial_state(geometry), candidate, set(), target, checker)
             assert outcome.signature != target or log_weight(outcome.events) >= weight, (index, smaller)
+
+
+def test_a_tiered_log_minimizes_with_its_host_tier(tmp_path):
+    """The host tier travels: the events are replayed and written with the header's host pool."""
+    from kvstate import apply_all, initial_state
+    from kvstate.events import Free
+    from kvstate.log import LogWriter, make_header, read_header
+    from kvstate.workloads.corpus import tiered_offload_and_load
+
+    geometry, host_pages, events = tiered_offload_and_load("write_back")
+    state = apply_all(initial_state(geometry, host_pages=host_pages), events)
+    page = next(iter(state.free_pages))
+    source, target = tmp_path / "tiered.kvlog", tmp_path / "min.kvlog"
+    writer = LogWriter(source, make_header(geometry, checkpoint_every=0, host_pages=host_pages),
+                       fsync=False)
+    writer.write_events([*events, Free((page,))])
+    writer.close(state.fingerprint())
+    result = minimize_file(source, target)
+    assert result.signature.kind == "invalid_event"
+    assert len(result.events) < len(events) + 1
+    assert read_header(target).host_pages == host_pages
+    replayed = replay(LogReader(target))
+    assert replayed.failure is not None and replayed.failure.kind == "invalid_event"
+    assert replayed.state.host is not None

@@ -1,4 +1,4 @@
-"""The ``kvstate replay | record | diff | minimize`` commands: exit codes, JSON, printouts."""
+"""The ``kvstate replay | record | diff | minimize | verify`` commands: exit codes, JSON, printouts."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvstate.cli import build_parser, main
+from kvstate.commands.replay import DEMO_NAME, demo_bytes
 from kvstate.log import read_events, read_header
-from kvstate.log.demo_data import DEMO_NAME, demo_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 SEED_000 = str(REPO / "replay" / "seed" / "000_radix_example.kvlog")
@@ -31,7 +31,7 @@ def run_json(capsys, *argv: str) -> tuple[int, dict]:
     return code, json.loads(out)
 
 
-@pytest.mark.parametrize("command", ["replay", "record", "diff", "minimize"])
+@pytest.mark.parametrize("command", ["replay", "record", "diff", "minimize", "verify"])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as info:
         main([command, "--help"])
@@ -43,10 +43,10 @@ def test_replay_without_a_log_replays_the_bundled_demo(capsys):
     assert main(["replay"]) == 0
     out = capsys.readouterr().out
     assert DEMO_NAME in out and ": ok" in out
-    for label in ("events", "requests", "peak pages used", "prefix hits", "evictions",
-                  "fingerprint", "events/s"):
+    for label in ("events", "requests", "peak pages used", "prompt tokens", "prefix hits",
+                  "evictions", "digests", "fingerprint", "events/s"):
         assert label in out
-    assert demo_bytes() == (REPO / DEMO_NAME).read_bytes()
+    assert demo_bytes() == (REPO / "replay" / "synthetic" / "demo_sglang_p4.kvlog").read_bytes()
 
 
 def test_replay_json_keys_for_a_clean_log(capsys):
@@ -57,7 +57,11 @@ def test_replay_json_keys_for_a_clean_log(capsys):
     assert len(out["final_fingerprint"]) == 32
     int(out["final_fingerprint"], 16)
     assert out["summary"]["prefix_hit_tokens"] == 3  # slots [42, 17, 88]
-    assert out["summary"]["prefill_tokens"] == 2  # slots [5, 9]
+    assert out["summary"]["computed_prompt_tokens"] == 2  # slots [5, 9]
+    assert out["summary"]["prompt_tokens"] == 5
+    assert out["summary"]["prefix_hit_rate"] == 0.6
+    assert out["summary"]["granularity"] == "token"
+    assert out["summary"]["digests"] == "unverified"  # a format 1 log
 
 
 def test_replay_invalid_event_exits_1_naming_index_event_and_check(capsys):
@@ -133,6 +137,13 @@ def test_replay_show_tree_of_the_radix_example(capsys):
         "    #4 len=1 key=[6] pages=[6] lock=1 t=7",
         "      #3 len=1 key=[7] pages=[7] lock=0 t=6",
     ]
+
+
+def test_show_takes_several_views_in_order(capsys):
+    assert main(["replay", SEED_001, "--until", "8", "--show", "state", "req", "1", "pages"]) == 0
+    out = capsys.readouterr().out
+    state, request, pages = out.index("seq 8 "), out.index("request 1: allocated"), out.index("head first")
+    assert state < request < pages
 
 
 @pytest.mark.parametrize("argv", [["--show", "nodes"], ["--show", "req"], ["--show", "tree", "x"],
@@ -248,22 +259,49 @@ def test_a_vllm_log_summary_counts_blocks(capsys):
     assert report["summary"]["blocks_uncached"] == 2
 
 
-def test_reducer_choice_is_reported_and_gives_the_same_answer(capsys):
+def test_backend_choice_is_reported_and_gives_the_same_answer(capsys):
     log = str(REPO / "replay" / "synthetic" / "sglang_p4_s11_tight.kvlog")
     outs = {}
-    for extra in ((), ("--reducer", "pure"), ("--reducer", "transient")):
-        code, out = run_json(capsys, "replay", log, "--check-every", "0", *extra)
+    for extra in ((), ("--backend", "persistent"), ("--full-checks",),
+                  ("--check-every", "0"), ("--backend", "persistent", "--check-every", "7")):
+        code, out = run_json(capsys, "replay", log, *extra)
         assert code == 0
         outs[extra] = out
-    assert outs[()]["reducer"] == "transient"  # auto picks the fast path when checks are thinned
-    assert outs[("--reducer", "pure")]["reducer"] == "pure"
-    fingerprints = {out["final_fingerprint"] for out in outs.values()}
-    assert len(fingerprints) == 1
-    code, every_event = run_json(capsys, "replay", log)
-    assert code == 0 and every_event["reducer"] == "pure"  # per-event checks need frozen states
+    assert outs[()]["backend"] == "live"
+    assert outs[("--backend", "persistent")]["backend"] == "persistent"
+    assert len({out["final_fingerprint"] for out in outs.values()}) == 1
+    assert outs[()]["summary"]["invariant_checks"] == outs[()]["events"]
+    for extra in (("--backend", "persistent"), ("--full-checks",)):
+        assert outs[extra]["summary"]["invariant_checks"] == outs[()]["events"]
     vllm_log = str(REPO / "replay" / "vllm" / "prefix_caching_b4.kvlog")
-    code, block = run_json(capsys, "replay", vllm_log, "--check-every", "0")
-    assert code == 0 and block["reducer"] == "transient"  # block mode (vLLM) logs too
     tiered_log = str(REPO / "replay" / "tiered" / "write_back_hit.kvlog")
-    assert main(["replay", tiered_log, "--reducer", "transient"]) == 2
-    assert "host tier" in capsys.readouterr().err
+    for other in (vllm_log, tiered_log):
+        answers = {run_json(capsys, "replay", other, *extra)[1]["final_fingerprint"]
+                   for extra in ((), ("--backend", "persistent"))}
+        assert len(answers) == 1
+    with pytest.raises(SystemExit) as info:
+        main(["replay", log, "--backend", "frozen"])
+    assert info.value.code == 2
+
+
+@pytest.mark.parametrize("argv", [["replay", SEED_000, "--show", "tree"], ["diff", SEED_000, SEED_001],
+                                  ["verify", SEED_001], ["replay", SEED_001, "--json"]])
+def test_a_closed_pipe_ends_a_command_quietly(argv, tmp_path):
+    """``kvstate replay LOG | head``: the reader is gone before the first line; no traceback,
+    and the command's own exit code."""
+    import os
+    import subprocess
+    import sys
+
+    runner = REPO / "tests" / "adversarial" / "run_command.py"
+    env = {**os.environ, "PYTHONPATH": os.environ.get("KVSTATE_CODE_ROOT", str(REPO))}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will read: every write fails with EPIPE
+    try:
+        done = subprocess.run([sys.executable, str(runner), str(tmp_path / "rss"), *argv],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, env=env,
+                              timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+    assert done.returncode == (1 if argv[0] == "diff" else 0)

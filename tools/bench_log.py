@@ -1,30 +1,34 @@
-"""Benchmarks for event logs: replay throughput, recorder overhead, reader memory.
+"""Benchmarks for event logs: verify, decode and replay throughput, and where replay's time goes.
 
-    python tools/bench_log.py [--requests N] [--big-events N] [--workdir DIR] [--out FILE]
+    python tools/bench_log.py [--requests N] [--vllm-requests N] [--repeat R] [--profile]
+                              [--workdir DIR] [--out FILE]
 
-* replay throughput (events/s) on a recorded synthetic SGLang workload:
-  decode only; replay with no invariant checks; checks every 1000 events;
-  checks every event (on a prefix, it is slow);
-* recorder overhead (us/event): the recorder's own work per event (encode,
-  frame, buffer, flush) fed the recorded events directly, and the whole live
-  run with and without a recorder attached (which also includes the engine's
-  per-event listener path);
-* reader memory: peak RSS of a fresh process that reads a log of
-  ``--big-events`` (default 10M) events, against one that reads 10k events.
-  The big log is generated under ``--workdir`` (default: the system temp
-  directory), never in the repository.
+For three logs (the synthetic SGLang workload at page sizes 1 and 16, and a
+vLLM-style block-mode run; ``tools/log_workloads.py``) it measures:
 
-Every timing is the best of ``--repeat`` runs, in process CPU seconds
-(``time.process_time``) and wall seconds, because the machine may be shared.
-Results are printed and, with ``--out``, written as a Markdown table.
+* ``kvstate verify`` (framing, CRCs and digests; no event decoded), MB/s;
+* decoding only (read, CRC, typed decode into events);
+* replay on the live backend with no invariant checks, checks every 1000
+  events and checks after every event (incremental), and with checks after
+  every event on the persistent backend (from scratch, for reference, on a
+  prefix);
+
+every timing the best of ``--repeat`` runs in process CPU seconds, because
+the machine may be shared.  ``--profile`` adds a cProfile of a no-check
+replay grouped by who owns the time: the reader, the event codec, the
+replay loop and its summary, the rules and backends, the invariant checks.
+Logs are written under ``--workdir`` (default: a new temporary directory),
+never in the repository.  Results are printed and, with ``--out``, written
+as Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import platform
-import subprocess
+import pstats
 import sys
 import tempfile
 import time
@@ -32,252 +36,150 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvstate.events import Allocate, Append, Event, Free, ReqAlloc, ReqFree
-from kvstate.log import LogReader, LogWriter, Recorder, make_header, replay
-from kvstate.log.synthetic import SyntheticRun, WorkloadSpec, run_synthetic
-from kvstate.reducer import apply
-from kvstate.state import Geometry, initial_state
-from kvstate.transient import TransientApplier
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from log_workloads import record_sglang, record_vllm  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+from kvstate.log import LogReader  # noqa: E402
+from kvstate.log.verify import verify_log  # noqa: E402
+from kvstate.replay import replay  # noqa: E402
+
+Row = tuple[str, str, str, str]
+AREAS = (("reader", ("kvstate/log/",)), ("codec", ("kvstate/events/", "msgspec")),
+         ("replay loop + summary", ("kvstate/replay/",)),
+         ("rules + backends", ("kvstate/rules/", "kvstate/backends/", "kvstate/freequeue",
+                               "kvstate/records", "kvstate/state", "immutables")),
+         ("invariant checks", ("kvstate/invariants/",)), ("fingerprints", ("kvstate/canonical",)))
 
 
-def best(fn: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
-    """(best CPU seconds, best wall seconds, last result) over ``repeat`` runs."""
-    cpu = wall = float("inf")
+def best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    """(best CPU seconds, last result) over ``repeat`` runs."""
+    cpu = float("inf")
     result = None
     for _ in range(repeat):
-        c0, w0 = time.process_time(), time.perf_counter()
+        start = time.process_time()
         result = fn()
-        cpu = min(cpu, time.process_time() - c0)
-        wall = min(wall, time.perf_counter() - w0)
-    return cpu, wall, result
-
-
-def record_workload(spec: WorkloadSpec, path: Path) -> int:
-    recorders: list[Recorder] = []
-    run_synthetic(spec, attach=lambda r: recorders.append(
-        Recorder(r.engine, path, fsync=False)), keep_events=False)
-    recorders[0].close()
-    return recorders[0].count
+        cpu = min(cpu, time.process_time() - start)
+    return cpu, result
 
 
 def decode_only(path: Path) -> int:
     with LogReader(path) as reader:
-        count = 0
-        for _ in reader.events():
-            count += 1
-    return count
+        return sum(1 for _ in reader.events())
 
 
-def replay_with(path: Path, check_every: int, until: int | None = None,
-                fast: bool | None = False) -> int:
+def rules_only(path: Path) -> int:
+    """The live backend applying the log's events from memory (no reader, no summary)."""
+    from kvstate.backends.live import LiveState
+    from kvstate.replay import start_state
+
     with LogReader(path) as reader:
-        result = replay(reader, check_every=check_every, until=until, fast=fast)
-    if result.failure is not None:
+        events = list(reader.events())
+        live = LiveState.thaw(start_state(reader.header))
+    apply = live.apply
+    started = time.process_time()
+    for event in events:
+        apply(event)
+    return len(events), time.process_time() - started  # type: ignore[return-value]
+
+
+def replay_count(path: Path, check_every: int, backend: str = "live",
+                 until: int | None = None, full: bool = False) -> int:
+    with LogReader(path) as reader:
+        result = replay(reader, check_every=check_every, backend=backend, until=until,
+                        full_checks=full)
+    if result.failure is not None and not result.stopped_early:
         raise RuntimeError(result.failure.describe())
     return result.summary.events
 
 
-def apply_only(geometry: Geometry, events: list[Event]) -> int:
-    state = initial_state(geometry)
-    for evt in events:
-        state = apply(state, evt)
-    return len(events)
+def measure(name: str, path: Path, repeat: int) -> list[Row]:
+    size = path.stat().st_size
+    rows: list[Row] = []
+
+    def rate(label: str, fn: Callable[[], int], note: str = "") -> None:
+        cpu, count = best(fn, repeat)
+        rows.append((name, label, f"{count / cpu:,.0f} events/s", note))
+        print(rows[-1], flush=True)
+
+    cpu, found = best(lambda: verify_log(path), repeat)
+    rows.append((name, "kvstate verify (framing, CRCs, digests)",
+                 f"{size / cpu / 1e6:,.0f} MB/s, {found.records / cpu:,.0f} records/s",
+                 f"{found.events:,} events, {size / found.events:.1f} bytes/event"))
+    print(rows[-1], flush=True)
+    rate("decode only (read, CRC, typed decode)", lambda: decode_only(path))
+    rules = min(rules_only(path)[1] for _ in range(repeat))
+    count = found.events
+    rows.append((name, "rules only (live backend, events in memory)",
+                 f"{count / rules:,.0f} events/s", "no reader, no summary"))
+    print(rows[-1], flush=True)
+    rate("replay, no checks (live)", lambda: replay_count(path, 0))
+    rate("replay, checks every 1000 (live, incremental)", lambda: replay_count(path, 1000))
+    rate("replay, checks after every event (live, incremental)", lambda: replay_count(path, 1))
+    prefix = 3000
+    rate("replay, checks after every event (persistent, full)",
+         lambda: replay_count(path, 1, "persistent", prefix), f"first {prefix} events")
+    return rows
 
 
-def transient_only(geometry: Geometry, events: list[Event]) -> int:
-    applier = TransientApplier(initial_state(geometry))
-    for evt in events:
-        applier.apply(evt)
-    applier.state()  # one freeze at the end, as a replay does
-    return len(events)
+def profile(path: Path) -> list[tuple[str, float]]:
+    """Share of a no-check replay's time per area (``AREAS``), by each function's own time;
+    a builtin's time (``len``, ``dict.get``, a C decoder) goes to the areas of its callers."""
+    profiler = cProfile.Profile()
+    with LogReader(path) as reader:
+        profiler.enable()
+        replay(reader, check_every=0)
+        profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
 
+    def area_of(key: tuple[str, int, str]) -> str:
+        where = f"{key[0]}:{key[2]}"
+        return next((label for label, keys in AREAS if any(k in where for k in keys)), "other")
 
-def recorder_own_cost(geometry: Geometry, events: list[Event], path: Path,
-                      checkpoint_every: int | None) -> int:
-    """Feed the recorder listener directly (states precomputed): its own cost per event."""
-    state = initial_state(geometry)
-    states = []
-    for evt in events:
-        state = apply(state, evt)
-        states.append(state)
-    from kvstate.engine import Engine
-
-    engine = Engine(geometry)
-    recorder = Recorder(engine, path, checkpoint_every=checkpoint_every, fsync=False)
-    listener = recorder._on_event  # noqa: SLF001 - measuring the listener itself
-    c0 = time.process_time()
-    for evt, after in zip(events, states, strict=True):
-        listener(evt, after)
-    recorder.writer.close(state.fingerprint())  # type: ignore[union-attr]
-    return int((time.process_time() - c0) * 1e9)
-
-
-def live_run(spec: WorkloadSpec, mode: str, path: Path) -> int:
-    def attach(run: SyntheticRun) -> None:
-        if mode == "noop":
-            run.engine.subscribe(lambda event, state: None)
-        elif mode == "recorder":
-            holder.append(Recorder(run.engine, path, fsync=False))
-
-    holder: list[Recorder] = []
-    run = run_synthetic(spec, attach=attach, keep_events=False)
-    if holder:
-        holder[0].close()
-    return run.engine.state.seq
-
-
-def write_cycle_log(path: Path, events: int) -> None:
-    """A valid log of ``events`` events that cycles one request through alloc/free (flat state)."""
-    geometry = Geometry(num_pages=64, page_size=16, num_rows=4, row_width=1024)
-    cycle: list[Event] = [ReqAlloc((1,)), Allocate((1, 2), ((1, tuple(range(16, 48))),)),
-                          Append(((1, 32),)), ReqFree((1,)), Free((1, 2), at_head=True)]
-    state = initial_state(geometry)
-    for evt in cycle:
-        state = apply(state, evt)
-    writer = LogWriter(path, make_header(geometry, checkpoint_every=0), fsync=False,
-                       flush_bytes=1 << 20)
-    full, rest = divmod(events, len(cycle))
-    for _ in range(full):
-        for evt in cycle:
-            writer.write_event(evt)
-    for evt in cycle[:rest]:
-        writer.write_event(evt)
-    writer.close(b"\0" * 16)  # the end fingerprint is not checked by a decode-only read
-
-
-# VmHWM (this process's peak RSS, kB) rather than ru_maxrss, which Linux carries over
-# from the parent across fork + exec.
-MEMORY_CHILD = """
-import sys, time
-from kvstate.log import LogReader
-
-def hwm():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
-
-base = hwm()
-t0 = time.perf_counter()
-count = 0
-with LogReader(sys.argv[1]) as reader:
-    for _ in reader.events():
-        count += 1
-print(count, base, hwm(), time.perf_counter() - t0)
-"""
-
-
-def reader_memory(path: Path) -> tuple[int, int, int, float]:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(path)], capture_output=True,
-                         text=True, env=env, check=True).stdout.split()
-    return int(out[0]), int(out[1]), int(out[2]), float(out[3])
+    totals: dict[str, float] = {}
+    for key, (_, _, own, _, callers) in stats.items():
+        if key[0] == "~" and callers:  # a builtin: split its time over its callers
+            for caller, (_, _, caller_own, _) in callers.items():
+                area = area_of(caller)
+                totals[area] = totals.get(area, 0.0) + caller_own
+            continue
+        area = area_of(key)
+        totals[area] = totals.get(area, 0.0) + own
+    whole = sum(totals.values())
+    return sorted(((area, share / whole) for area, share in totals.items()), key=lambda x: -x[1])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=1500)
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--big-events", type=int, default=10_000_000)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--vllm-requests", type=int, default=6000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="where to write the logs (default: a new temporary directory)")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--only", choices=("all", "throughput", "memory"), default="all")
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="kvstate-bench-log-"))
     work.mkdir(parents=True, exist_ok=True)
-    spec = WorkloadSpec(requests=args.requests, seed=1, page_size=args.page_size,
-                        capacity=4096 * args.page_size // 4, max_running=16)
-    rows: list[tuple[str, str, str]] = []
-    if args.only in ("all", "throughput"):
-        throughput(args, spec, work, rows)
-    if args.big_events and args.only in ("all", "memory"):
-        memory(args, work, rows)
-    header = [f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-              f"load average at the end {os.getloadavg()[0]:.1f}.",
-              f"Workload: synthetic SGLang, {args.requests} requests, page size {args.page_size}.", ""]
-    table = ["| measurement | result | notes |", "| --- | --- | --- |"]
-    table += [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    text = "\n".join(header + table) + "\n"
+    logs = {"SGLang p1": work / "sglang_p1.kvlog", "SGLang p16": work / "sglang_p16.kvlog",
+            "vLLM b16": work / "vllm_b16.kvlog"}
+    record_sglang(logs["SGLang p1"], args.requests, 1)
+    record_sglang(logs["SGLang p16"], args.requests, 16)
+    record_vllm(logs["vLLM b16"], args.vllm_requests)
+    rows = [row for name, path in logs.items() for row in measure(name, path, args.repeat)]
+    lines = [f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
+             f"{platform.python_version()}; load average at the end {os.getloadavg()[0]:.1f}. "
+             f"Best of {args.repeat}, process CPU time.", "",
+             "| log | measurement | result | notes |", "| --- | --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    if args.profile:
+        for name, path in logs.items():
+            shares = ", ".join(f"{area} {share:.0%}" for area, share in profile(path))
+            lines.append(f"\nProfile of a no-check replay of {name}: {shares}.")
+    text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")
     return 0
-
-
-def throughput(args: argparse.Namespace, spec: WorkloadSpec, work: Path,
-               rows: list[tuple[str, str, str]]) -> None:
-    log = work / "bench_workload.kvlog"
-    count = record_workload(spec, log)
-    size = log.stat().st_size
-    with LogReader(log) as reader:
-        events = list(reader.events())
-
-    def rate(label: str, fn: Callable[[], int], note: str = "") -> None:
-        cpu, wall, n = best(fn, args.repeat)
-        rows.append((label, f"{n / cpu:,.0f} events/s (CPU), {n / wall:,.0f} (wall)", note))
-        print(rows[-1])
-
-    note = f"{count} events, {size / count:.1f} bytes/event"
-    rate("decode only (read, CRC, msgpack, build events)", lambda: decode_only(log), note)
-    rate("pure reducer only (events in memory, no decode)",
-         lambda: apply_only(spec.geometry, events))
-    rate("transient reducer only (events in memory, no decode, one freeze)",
-         lambda: transient_only(spec.geometry, events))
-    rate("replay, no invariant checks, pure reducer (decode + reduce + summary + checkpoints)",
-         lambda: replay_with(log, 0))
-    rate("replay, no invariant checks, transient reducer (the default for --check-every 0)",
-         lambda: replay_with(log, 0, fast=True))
-    rate("replay, invariants every 1000 events, pure reducer", lambda: replay_with(log, 1000))
-    rate("replay, invariants every 1000 events, transient reducer (the default)",
-         lambda: replay_with(log, 1000, fast=True))
-    prefix = min(count, 5000)
-    rate("replay, invariants every event", lambda: replay_with(log, 1, prefix),
-         f"first {prefix} events")
-
-    for every, label in ((0, "no checkpoints"), (4096, "checkpoint every 4096"),
-                         (None, "automatic checkpoint interval")):
-        own = min(recorder_own_cost(spec.geometry, events, work / "own.kvlog", every)
-                  for _ in range(args.repeat))
-        rows.append((f"recorder's own work per event, {label}",
-                     f"{own / 1000 / count:.2f} us/event",
-                     "listener fed precomputed states (encode, frame, buffer, flush, fingerprints)"))
-        print(rows[-1])
-    base_cpu, base_wall, seq = best(lambda: live_run(spec, "none", log), args.repeat)
-    noop_cpu, _, _ = best(lambda: live_run(spec, "noop", log), args.repeat)
-    rec_cpu, rec_wall, _ = best(lambda: live_run(spec, "recorder", work / "live.kvlog"), args.repeat)
-    rows.append(("live run, no listener", f"{base_cpu / seq * 1e6:.2f} us/event", f"{seq} events"))
-    rows.append(("live run, no-op listener (engine re-applies plan events for listeners)",
-                 f"{noop_cpu / seq * 1e6:.2f} us/event",
-                 f"+{(noop_cpu - base_cpu) / seq * 1e6:.2f} us/event"))
-    rows.append(("live run, recorder attached", f"{rec_cpu / seq * 1e6:.2f} us/event",
-                 f"+{(rec_cpu - base_cpu) / seq * 1e6:.2f} us/event over no listener, "
-                 f"+{(rec_cpu - noop_cpu) / seq * 1e6:.2f} over a no-op listener"))
-    for row in rows[-3:]:
-        print(row)
-
-
-def memory(args: argparse.Namespace, work: Path, rows: list[tuple[str, str, str]]) -> None:
-    big = work / "bench_big.kvlog"
-    small = work / "bench_small.kvlog"
-    c0 = time.perf_counter()
-    write_cycle_log(big, args.big_events)
-    write_seconds = time.perf_counter() - c0
-    write_cycle_log(small, 10_000)
-    n_small, base_small, peak_small, _ = reader_memory(small)
-    n_big, base_big, peak_big, seconds = reader_memory(big)
-    rows.append(("reader peak RSS, 10k-event log", f"{peak_small / 1024:.1f} MiB",
-                 f"{base_small / 1024:.1f} MiB after imports"))
-    rows.append((f"reader peak RSS, {n_big:,}-event log ({big.stat().st_size / 2**20:,.0f} MiB)",
-                 f"{peak_big / 1024:.1f} MiB",
-                 f"{base_big / 1024:.1f} MiB after imports; read in {seconds:.1f} s "
-                 f"({n_big / seconds:,.0f} events/s); written in {write_seconds:.1f} s"))
-    for row in rows[-2:]:
-        print(row)
-    big.unlink()
-    small.unlink()
 
 
 if __name__ == "__main__":

@@ -1,35 +1,43 @@
 """Regenerate the committed ``replay/`` corpus and the bundled demo log.
 
-    python tools/make_replay_corpus.py [--out DIR]
+    python tools/make_replay_corpus.py [--out DIR] [--force]
 
-Writes every log with its ``.expect.json`` sidecar (the expected exit code,
-event and request counts, final fingerprint and, for failing logs, the
-failure), and ``kvstate/log/demo_data.py`` (the demo log's bytes, so
-``kvstate replay`` works from an installed package).  Output is
+Writes every log that is not there yet with its ``.expect.json`` sidecar
+(the expected exit code, event and request counts, final fingerprint and,
+for failing logs, the failure).  Logs already committed are golden: they
+were written by a released format version and are never rewritten when the
+format moves on (docs/log-format.md), so they are left alone unless
+``--force`` (then every log is rewritten in the current format; never for a
+release).  The demo log is copied to ``kvstate/data/demo.kvlog`` so
+``kvstate replay`` works from an installed package.  Output is
 deterministic: running it twice gives identical bytes.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import json
+import shutil
 import sys
-import textwrap
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvstate.log import Recorder, replay_path, write_log
-from kvstate.log.corpus import (
+from msgspec.structs import replace as evolve_event
+
+from kvstate.events import Split, encode_event
+from kvstate.log import LogReader, Recorder, write_log
+from kvstate.log.format import FRAME, LENGTH, MAGIC, PREAMBLE_SIZE, frame
+from kvstate.replay import replay_path
+from kvstate.workloads.corpus import (
     double_free,
     seed_000_radix_example,
     seed_001_prefix_hit,
     tiered_offload_and_load,
     vllm_prefix_caching,
 )
-from kvstate.log.format import FRAME, LENGTH, MAGIC, PREAMBLE_SIZE
-from kvstate.log.synthetic import SyntheticRun, WorkloadSpec, run_synthetic
+from kvstate.workloads.synthetic import SyntheticRun, WorkloadSpec, run_synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLAY = ROOT / "replay"
@@ -105,6 +113,23 @@ def _corrupt_checkpoint(source: Path, target: Path) -> None:
     target.write_bytes(bytes(data))
 
 
+def _edit_split_time(source: Path, target: Path) -> int:
+    """Copy ``source`` with its first ``Split`` stamped one tick earlier, CRC recomputed.
+
+    A later ``Touch`` overwrites the stamp, so every checkpoint's fingerprint still
+    matches; only the digest of the checkpoint interval holding the edit breaks.
+    Returns the edited record's offset.
+    """
+    data = source.read_bytes()
+    with LogReader(source) as reader:
+        offset, split = next((o, item) for o, item in reader.records() if isinstance(item, Split))
+    length, _ = FRAME.unpack_from(data, offset)
+    edited = encode_event(evolve_event(split, time=split.time - 1))
+    assert len(edited) == length
+    target.write_bytes(data[:offset] + frame(edited) + data[offset + FRAME.size + length:])
+    return offset
+
+
 def _expect(path: Path, description: str, **extra: Any) -> dict[str, Any]:
     result = replay_path(str(path), check_every=1)
     out: dict[str, Any] = {"description": description, "exit": 0 if result.ok else
@@ -122,7 +147,8 @@ def _expect(path: Path, description: str, **extra: Any) -> dict[str, Any]:
 def build(out_dir: Path) -> dict[str, dict[str, Any]]:
     """Write every corpus log under ``out_dir``; returns name -> expectation."""
     expectations: dict[str, dict[str, Any]] = {}
-    for sub in ("seed", "synthetic", "failing", "malformed", "findings", "vllm", "tiered"):
+    for sub in ("seed", "synthetic", "failing", "malformed", "findings", "vllm", "tiered",
+                "format2"):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
 
     def add(name: str, description: str, make: Callable[[Path], None], **extra: Any) -> Path:
@@ -157,15 +183,25 @@ def build(out_dir: Path) -> dict[str, dict[str, Any]]:
                 p, g, e, checkpoint_every=4, host_pages=h, meta={"scenario": f"tiered {w}"}))
     bad = double_free(events1, geometry1)
     add("failing/double_free.kvlog", "seed 001 followed by a Free of a page that is already free: "
-        "the reducer refuses the last event",
+        "the rules refuse the last event",
         lambda p: _append_unchecked(p, geometry1, bad))
+    seed0_v2 = add("format2/000_radix_example.kvlog", "seed 000 written in format 2 (digests in "
+                   "every checkpoint and the end record)",
+                   lambda p: write_log(p, geometry, events, checkpoint_every=4,
+                                       meta={"scenario": "seed 000"}))
+    add("format2/001_prefix_hit_walkthrough.kvlog", "seed 001 written in format 2",
+        lambda p: write_log(p, geometry1, events1, checkpoint_every=4, meta={"scenario": "seed 001"}))
+    add("failing/edited_split_time.kvlog", "format 2 seed 000 with its first Split stamped a tick "
+        "earlier and the CRC recomputed; a later Touch overwrites the stamp, so every fingerprint "
+        "matches, but the digest of the second checkpoint interval breaks",
+        lambda p: None if _edit_split_time(seed0_v2, p) < 0 else None)
     add("failing/bad_checkpoint.kvlog", "the seed 001 log with its first checkpoint's fingerprint "
         "altered (CRC recomputed): a fingerprint mismatch", lambda p: _corrupt_checkpoint(seed1, p))
     from specs.findings import FINDINGS
 
     for finding, (finding_geometry, finding_events) in sorted(FINDINGS.items()):
         add(f"findings/{finding}.kvlog", f"spec finding {finding}: the core once accepted the last "
-            "event; now the reducer refuses it (specs/SPEC.md, Findings)",
+            "event; now the rules refuse it (specs/SPEC.md, Findings)",
             lambda p, g=finding_geometry, e=finding_events: _append_unchecked(p, g, e))
     demo = out_dir / DEMO
     add("malformed/torn_tail.kvlog", "the demo log cut in the middle of its 10th record (a crash "
@@ -177,8 +213,8 @@ def build(out_dir: Path) -> dict[str, dict[str, Any]]:
 
 def _append_unchecked(path: Path, geometry: Any, events: list[Any]) -> None:
     """Rewrite ``path`` with ``events`` written verbatim (the last one is invalid)."""
+    from kvstate import apply_all
     from kvstate.log import LogWriter, make_header
-    from kvstate.reducer import apply_all
     from kvstate.state import initial_state
 
     writer = LogWriter(path, make_header(geometry, checkpoint_every=0, meta={"scenario": "failing"}),
@@ -188,35 +224,29 @@ def _append_unchecked(path: Path, geometry: Any, events: list[Any]) -> None:
     writer.close(state.fingerprint())
 
 
-def demo_module(data: bytes) -> str:
-    encoded = "\n".join(textwrap.wrap(base64.b64encode(data).decode("ascii"), 96))
-    return (
-        '"""The bundled demo log: a byte-for-byte copy of ``replay/' + DEMO + '``.\n\n'
-        "Generated by ``tools/make_replay_corpus.py``; ``kvstate replay`` with no LOG\n"
-        "replays it, so the command works from an installed package without the repo.\n"
-        '"""\n\n'
-        "from __future__ import annotations\n\nimport base64\n\n"
-        f'DEMO_NAME = "replay/{DEMO}"\n'
-        f'_DEMO_B64 = """\n{encoded}\n"""\n\n\n'
-        "def demo_bytes() -> bytes:\n"
-        '    """The demo log\'s bytes (decoded on each call)."""\n'
-        '    return base64.b64decode("".join(_DEMO_B64.split()))\n'
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPLAY)
+    parser.add_argument("--force", action="store_true",
+                        help="rewrite the golden logs too, in the current format")
     args = parser.parse_args(argv)
-    expectations = build(args.out)
-    for name, expectation in expectations.items():
-        sidecar = args.out / (name + ".expect.json")
-        sidecar.write_text(json.dumps(expectation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        print(f"{name}: exit {expectation['exit']}, {expectation['events']} events")
+    with tempfile.TemporaryDirectory() as scratch:
+        fresh = Path(scratch)
+        expectations = build(fresh)
+        for name, expectation in expectations.items():
+            target = args.out / name
+            if target.exists() and not args.force:
+                continue  # golden: written by an earlier format, kept byte for byte
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(fresh / name, target)
+            sidecar = args.out / (name + ".expect.json")
+            sidecar.write_text(json.dumps(expectation, indent=2, sort_keys=True) + "\n",
+                               encoding="utf-8")
+            print(f"{name}: exit {expectation['exit']}, {expectation['events']} events")
     demo = (args.out / DEMO).read_bytes()
     assert demo.startswith(MAGIC)
-    (ROOT / "kvstate" / "log" / "demo_data.py").write_text(demo_module(demo), encoding="utf-8")
+    (ROOT / "kvstate" / "data" / "demo.kvlog").write_bytes(demo)
     return 0
 
 

@@ -1,9 +1,10 @@
 """``kvstate diff A B``: where two logs diverge.
 
-Prints the first event index where the logs differ (with both events) and
-the first state difference (the component and entry).  Exit 0 when the logs
-hold the same events and states, 1 when they differ, 2 when a log is
-malformed or missing.
+Prints the first event index where the logs differ, the differing element
+(``Allocate.pages[3]: 7 in A, 9 in B``) and both events cut around it, and
+the first state difference (the component and entry).  Exit 0 when the
+logs hold the same events and states, 1 when they differ, 2 when a log is
+malformed, missing, or declares a geometry beyond the limits below.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import json
 import sys
 from typing import Any
 
-from kvstate.log.diff import diff_logs, shorten
 from kvstate.log.format import LogFormatError
 from kvstate.log.reader import LogReader
+from kvstate.replay.diff import diff_logs, focus
+from kvstate.replay.options import add_limit_options, limits_from, say
 
 
 def register(subparsers: Any) -> None:
@@ -25,40 +27,49 @@ def register(subparsers: Any) -> None:
     parser.add_argument("a", metavar="A", help="first log")
     parser.add_argument("b", metavar="B", help="second log")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_limit_options(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    limits = limits_from(args)
     try:
-        with LogReader(args.a) as reader_a, LogReader(args.b) as reader_b:
+        with LogReader(args.a, limits=limits) as reader_a, \
+                LogReader(args.b, limits=limits) as reader_b:
             result = diff_logs(reader_a, reader_b)
     except OSError as exc:
-        print(f"kvstate diff: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        say(f"kvstate diff: {exc.filename}: {exc.strerror or exc}", sys.stderr)
         return 2
     except LogFormatError as exc:
         if args.json:
-            print(json.dumps({"ok": False, "error": {"kind": "format", "byte_offset": exc.offset,
-                                                     "message": exc.reason}}))
+            say(json.dumps({"ok": False, "error": {"kind": "format", "byte_offset": exc.offset,
+                                                   "message": exc.reason}}))
         else:
-            print(f"kvstate diff: {exc}", file=sys.stderr)
+            say(f"kvstate diff: {exc}", sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"ok": True, **result.to_json()}))
+        say(json.dumps({"ok": True, **result.to_json()}))
         return 0 if result.identical else 1
     if result.identical:
-        print(f"identical: {result.events_a} events, same states throughout")
+        say(f"identical: {result.events_a} events, same states throughout")
         return 0
     if result.event_index is None:
-        print(f"same {result.events_a} events")
+        say(f"same {result.events_a} events")
     else:
-        print(f"first event divergence at event #{result.event_index}:")
-        print(f"  A: {shorten(result.event_a, 200)}" if result.event_a is not None else "  A: (log ended)")
-        print(f"  B: {shorten(result.event_b, 200)}" if result.event_b is not None else "  B: (log ended)")
+        say(f"first event divergence at event #{result.event_index}:")
+        if result.event_a is not None and result.event_b is not None:
+            shown_a, shown_b = focus(result.event_a, result.event_b)
+            say(f"  differs at {result.event_difference}")
+        else:
+            shown_a = "(log ended)" if result.event_a is None else focus(result.event_a, "")[0]
+            shown_b = "(log ended)" if result.event_b is None else focus(result.event_b, "")[0]
+        say(f"  A: {shown_a}")
+        say(f"  B: {shown_b}")
     if result.state_index is None:
-        print("states never differ")
+        say("states never differ")
     elif result.state_index < 0:
-        print(f"initial states differ: {result.state_difference}")
+        say(f"initial states differ: {result.state_difference}")
     else:
-        print(f"first state difference after event #{result.state_index}: {result.state_difference}")
-    print(f"events: A {result.events_a}, B {result.events_b}")
+        say(f"first state difference after event #{result.state_index}: {result.state_difference}")
+    say(f"events: A {result.events_a}, B {result.events_b}")
     return 1

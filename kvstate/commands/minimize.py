@@ -4,7 +4,11 @@ Delta debugging drops whole request lifecycles, chunks and single events,
 keeping only candidates that fail with the same kind and check; the result
 is a valid log that ``kvstate replay`` fails the same way.  Exit 0 when OUT
 was written, 1 when LOG does not fail (nothing to minimize), 2 when LOG is
-malformed or missing.
+malformed, missing, or declares a geometry beyond the limits below.
+Progress (candidate replays out of --max-tests, the events left) is shown
+on a terminal, and as a plain line every few seconds with --progress
+elsewhere; its ETA is an upper bound, as the search usually stops well
+before --max-tests.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import json
 import sys
 from typing import Any
 
+from kvstate.commands._progress import Progress, add_progress_option, progress_mode
 from kvstate.log.format import LogFormatError
-from kvstate.log.minimize import NoFailure, minimize_file
+from kvstate.replay.minimize import NoFailure, minimize_file
+from kvstate.replay.options import add_limit_options, limits_from, say
 
 
 def register(subparsers: Any) -> None:
@@ -27,28 +33,39 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-tests", type=int, default=20000, metavar="N",
                         help="stop after N candidate replays (default 20000)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_limit_options(parser)
+    add_progress_option(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    bar = Progress("minimize", total=args.max_tests, unit="replays", mode=progress_mode(args.progress))
+
+    def advance(tests: int, events: int) -> None:
+        bar.update(tests, f"{events:,} events left")
+
     try:
-        result = minimize_file(args.log, args.output, max_tests=args.max_tests)
+        with bar:
+            result = minimize_file(args.log, args.output, max_tests=args.max_tests,
+                                   limits=limits_from(args),
+                                   progress=advance if bar.mode != "off" else None)
+            advance(result.tests_run, len(result.events))
     except OSError as exc:
-        print(f"kvstate minimize: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        say(f"kvstate minimize: {exc.filename}: {exc.strerror or exc}", sys.stderr)
         return 2
     except LogFormatError as exc:
-        print(f"kvstate minimize: {exc}", file=sys.stderr)
+        say(f"kvstate minimize: {exc}", sys.stderr)
         return 2
     except NoFailure as exc:
-        print(f"kvstate minimize: {args.log}: {exc}", file=sys.stderr)
+        say(f"kvstate minimize: {args.log}: {exc}", sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"ok": True, "output": args.output, "events": len(result.events),
+        say(json.dumps({"ok": True, "output": args.output, "events": len(result.events),
                           "original_events": result.original_events, "tests": result.tests_run,
                           "failure": {"kind": result.signature.kind,
                                       "check": result.signature.check}}))
     else:
-        print(f"{args.log}: {result.original_events} -> {len(result.events)} events "
+        say(f"{args.log}: {result.original_events} -> {len(result.events)} events "
               f"({result.tests_run} candidate replays), still failing with {result.signature}; "
               f"wrote {args.output}")
     return 0

@@ -78,12 +78,20 @@ def _upcast(tag: str, version: int, fields: Fields, current: int, registry: Regi
 class Codec:
     """Encoder and validating decoder over every registered event type.
 
-    Built once per set of event types (``CODEC`` covers all of them); a
-    module that registers more event types later gets them by ``refresh``.
+    Built once per set of event types.  An event module imported after the
+    codec (the package imports its modules in any order) registers more
+    types; the codec notices on the first encode or decode that misses and
+    rebuilds (``refresh``), so the hot path pays nothing for it.
     """
 
     def __init__(self) -> None:
+        self._to_record: dict[bytes, bytes] = {}
+        self._from_record: dict[bytes, bytes] = {}
         self.refresh()
+
+    def stale(self) -> bool:
+        """True when event types were registered after the last ``refresh``."""
+        return len(EVENT_TYPES) != len(self.types)
 
     def refresh(self) -> None:
         types = tuple(EVENT_TYPES.values())
@@ -93,9 +101,10 @@ class Codec:
         # msgspec writes a fixarray header and a two-byte fixstr tag; a record has the
         # version after the tag.  Both maps go between the two 4- and 5-byte prefixes.
         # Only the exact field count maps: msgspec would accept an array_like struct
-        # with trailing defaults left out, and a record must carry every field.
-        self._to_record: dict[bytes, bytes] = {}
-        self._from_record: dict[bytes, bytes] = {}
+        # with trailing defaults left out, and a record must carry every field.  The maps
+        # are updated in place, so a reader that bound them sees new types too.
+        self._to_record.clear()
+        self._from_record.clear()
         for cls in types:
             tag = b"\xa2" + cls.TAG.encode()
             count = len(cls.__struct_fields__) + 1  # the tag, then the fields
@@ -109,14 +118,20 @@ class Codec:
     def encode(self, evt: Event) -> bytes:
         """The record body ``[tag, version, *fields]`` (msgpack)."""
         raw = self._encode(evt)
-        return self._to_record[raw[:4]] + raw[4:]
+        prefix = self._to_record.get(raw[:4])
+        if prefix is None:
+            if not self.stale():
+                raise EventDecodeError(f"{type(evt).__name__} is not a registered event type")
+            self.refresh()
+            return self.encode(evt)
+        return prefix + raw[4:]
 
     # -- decoding ----------------------------------------------------------------
     def decode(self, body: bytes, upcasters: Registry | None = None) -> Event:
         """A validated event from a record body; ``EventDecodeError`` for anything else."""
         plain = self._from_record.get(body[:5])
         if plain is not None:
-            return self._typed(plain + body[5:], body[2:4])
+            return self._typed(b"".join((plain, memoryview(body)[5:])), body[2:4])
         return self._decode_slow(body, UPCASTERS if upcasters is None else upcasters)
 
     def _typed(self, plain: bytes, tag: bytes) -> Event:
@@ -149,6 +164,9 @@ class Codec:
             raise EventDecodeError(f"record body is not valid msgpack ({exc})") from None
         tag = _scalar(items[0], str)
         cls = self.types.get(tag) if type(tag) is str else None
+        if cls is None and self.stale():
+            self.refresh()
+            return self.decode(body, registry)
         if cls is None:
             raise EventDecodeError(f"unknown record tag {_shown(items[0])}")
         version = _scalar(items[1], int)

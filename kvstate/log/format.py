@@ -114,6 +114,8 @@ class LogHeader:
     event_versions: dict[str, int] = attrs.field(factory=dict)
     meta: dict[str, Any] = attrs.field(factory=dict)
     host_pages: int = 0  # > 0: the run has a host tier of that many pages (``State.host``)
+    swa_pages: int = 0  # > 0: the run has an SWA pool of that many pages (``State.swa``)
+    mamba_slots: int = 0  # > 0: the run has a Mamba pool of that many slots (``State.mamba``)
 
     def to_map(self) -> dict[str, Any]:
         out = {
@@ -131,6 +133,13 @@ class LogHeader:
             # initial state, instead of replaying a tiered log without its host pool.
             out["initial"] = TIERED_INITIAL
             out["host_pages"] = self.host_pages
+        if self.swa_pages:
+            # A reader that predates the SWA pool rebuilds an initial state without it,
+            # whose fingerprint differs from ``initial_fingerprint``: it refuses the log.
+            out["swa_pages"] = self.swa_pages
+        if self.mamba_slots:
+            # Likewise: an older reader's initial state has no Mamba pool and refuses the log.
+            out["mamba_slots"] = self.mamba_slots
         return out
 
 
@@ -207,7 +216,7 @@ def decode_framing(body: bytes, offset: int, format_version: int) -> Checkpoint 
     if len(body) > MAX_FRAMING_BYTES:
         raise LogFormatError(offset, f"{what} is {len(body)} bytes, over {MAX_FRAMING_BYTES}")
     try:
-        raw = (_FRAMING_V1 if version == 1 else _FRAMING_V2).decode(body)
+        raw: tuple[Any, ...] = (_FRAMING_V1 if version == 1 else _FRAMING_V2).decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError):
         raise LogFormatError(offset, f"{what} must be {shape} in a format {format_version} "
                                      "log") from None
@@ -267,6 +276,12 @@ def parse_header(raw: Any, format_version: int, offset: int,
             raise LogFormatError(offset, f"a tiered log needs host_pages > 0, got {host_pages}")
     elif "host_pages" in raw:
         raise LogFormatError(offset, "host_pages given but the initial state is not tiered")
+    swa_pages = _require(raw.get("swa_pages", 0), int, "swa_pages", offset)
+    if swa_pages < 0 or ("swa_pages" in raw and swa_pages == 0):
+        raise LogFormatError(offset, f"an SWA log needs swa_pages > 0, got {swa_pages}")
+    mamba_slots = _require(raw.get("mamba_slots", 0), int, "mamba_slots", offset)
+    if mamba_slots < 0 or ("mamba_slots" in raw and mamba_slots == 0):
+        raise LogFormatError(offset, f"a Mamba log needs mamba_slots > 0, got {mamba_slots}")
     geo = _require(raw["geometry"], dict, "geometry", offset)
     known = {field.name for field in attrs.fields(Geometry)}
     unknown = sorted(set(geo) - known)
@@ -292,4 +307,4 @@ def parse_header(raw: Any, format_version: int, offset: int,
     if problem is not None:
         raise LogLimitError(offset, problem)
     return LogHeader(geometry, format_version, version_text, every, fingerprint,
-                     dict(versions), dict(meta), host_pages)
+                     dict(versions), dict(meta), host_pages, swa_pages, mamba_slots)

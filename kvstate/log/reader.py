@@ -24,12 +24,11 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Iterator
-from typing import IO, Any
-
-import attrs
+from typing import IO
 
 from kvstate.events import Event, EventDecodeError
 from kvstate.events.codec import CODEC, Registry
+from kvstate.log.digest import DigestBreak, DigestTracker
 from kvstate.log.format import (
     CHECKPOINT_TAG,
     END_TAG,
@@ -46,7 +45,6 @@ from kvstate.log.format import (
     LogFormatError,
     LogHeader,
     decode_framing,
-    new_digest,
     parse_header,
     unpack_body,
 )
@@ -56,29 +54,8 @@ from kvstate.log.limits import DEFAULT_LIMITS, Limits
 _FRAMING_TAGS = (b"\xa2" + CHECKPOINT_TAG.encode(), b"\xa2" + END_TAG.encode())
 
 CHUNK_BYTES = 1 << 20
+_LENGTH_SEEDS = [zlib.crc32(LENGTH.pack(length)) for length in range(1024)]  # crc32 of the length
 Item = Event | Checkpoint | EndRecord
-
-
-@attrs.frozen
-class DigestBreak:
-    """The first interval of a log whose bytes do not match the digest that closes it.
-
-    The bytes between the framing record that starts the interval
-    (``start_offset``, after ``start_events`` events; the header for the
-    first) and the one at ``offset`` (after ``events`` events) were altered.
-    """
-
-    start_events: int
-    start_offset: int
-    events: int
-    offset: int
-    what: str  # "checkpoint" or "end record"
-
-    def describe(self) -> str:
-        start = ("the header" if self.start_offset <= PREAMBLE_SIZE else
-                 f"the checkpoint after event {self.start_events} (byte {self.start_offset})")
-        return (f"the bytes between {start} and the {self.what} after event {self.events} "
-                f"(byte {self.offset}) do not match its digest: they were altered")
 
 
 class LogReader:
@@ -102,11 +79,7 @@ class LogReader:
         self._pos = 0  # index of the next unread byte in _buf
         self._base = 0  # file offset of _buf[0]
         self._eof = False
-        self._digest: Any = None  # running blake2b (format 2 logs only)
-        self._hashed = 0  # file offset up to which _digest has seen the bytes
-        self._interval = (0, 0)  # (events, offset) of the framing record that opened it
-        self.digest_failure: DigestBreak | None = None
-        self.digests_verified = 0
+        self._digest: DigestTracker | None = None  # format 2 logs only
         self.stopped: LogFormatError | None = None  # set in salvage mode when reading stopped early
         self.end: EndRecord | None = None
         self.events_read = 0
@@ -135,7 +108,16 @@ class LogReader:
         (a format 1 log, which has none)."""
         if self._digest is None:
             return "unverified"
-        return "broken" if self.digest_failure is not None else "verified"
+        return "broken" if self._digest.failure is not None else "verified"
+
+    @property
+    def digest_failure(self) -> DigestBreak | None:
+        """The first checkpoint interval whose bytes do not match its digest, if any."""
+        return None if self._digest is None else self._digest.failure
+
+    @property
+    def digests_verified(self) -> int:
+        return 0 if self._digest is None else self._digest.verified
 
     # -- buffered access -----------------------------------------------------
     def _fill(self, need: int) -> bool:
@@ -144,8 +126,7 @@ class LogReader:
         if have >= need:
             return True
         if self._digest is not None:  # the bytes about to be dropped were read: hash them
-            self._digest.update(memoryview(self._buf)[self._hashed - self._base: self._pos])
-            self._hashed = self._base + self._pos
+            self._digest.feed(self._buf, self._base, self._base + self._pos)
         parts = [self._buf[self._pos:]]
         while have < need and not self._eof:
             chunk = self._file.read(max(self._chunk, need - have))
@@ -187,19 +168,8 @@ class LogReader:
                               self.limits)
         self.offset = self._base + self._pos
         if version >= 2:
-            # From byte 0: the preamble and the header frame are covered too.  Tiny chunks
-            # may have dropped them from the buffer already; their bytes are known exactly
-            # (the CRC matched), so they are hashed as rebuilt.
-            self._digest = new_digest()
-            self._digest.update(self._preamble_bytes(version, body))
-            self._hashed = self.offset
+            self._digest = DigestTracker(version, body)
         return header
-
-    @staticmethod
-    def _preamble_bytes(version: int, body: bytes) -> bytes:
-        length = LENGTH.pack(len(body))
-        crc = zlib.crc32(body, zlib.crc32(length))
-        return MAGIC + VERSION_FIELD.pack(version) + FRAME.pack(len(body), crc) + body
 
     def _read_frame(self, limit: int, what: str) -> bytes:
         start = self._base + self._pos
@@ -238,9 +208,15 @@ class LogReader:
     def _records(self) -> Iterator[tuple[int, Item]]:
         limit = self.max_record_bytes
         crc32 = zlib.crc32
+        seeds = _LENGTH_SEEDS
         pack_length = LENGTH.pack
         read_frame = FRAME.unpack_from
         decode = self._decode
+        # The codec's fast path, inlined: a record with the exact shape of the current
+        # version of its event decodes straight into the struct; anything else (and
+        # every error) goes through _decode for the full treatment.
+        plain_of = CODEC._from_record.get
+        typed = CODEC._decoder.decode
         while True:
             # Fast path: decode every whole frame already in the buffer.
             buf, pos, base = self._buf, self._pos, self._base
@@ -252,12 +228,22 @@ class LogReader:
                     break
                 start = base + pos
                 body = buf[pos + 8:end]
-                if crc32(body, crc32(pack_length(length))) != crc:
+                seed = seeds[length] if length < 1024 else crc32(pack_length(length))
+                if crc32(body, seed) != crc:
                     self._pos = pos
                     raise LogFormatError(start, "CRC mismatch in record (corrupted bytes)",
                                          self.records_read)
                 pos = self._pos = end
-                item = decode(body, start)
+                plain = plain_of(body[:5])
+                item: Item | None = None
+                if plain is not None:
+                    try:
+                        item = typed(b"".join((plain, memoryview(body)[5:])))
+                        self.events_read += 1
+                    except Exception:  # noqa: BLE001 - _decode below names the error
+                        item = None
+                if item is None:
+                    item = decode(body, start)
                 self.records_read += 1
                 self.offset = base + end
                 yield start, item
@@ -309,20 +295,10 @@ class LogReader:
             raise LogFormatError(start, f"{what} says {count} events, "
                                         f"{self.events_read} were read", self.records_read)
         if self._digest is not None:
-            self._check_digest(item, start, "end record" if is_end else "checkpoint")
+            self._digest.check(item.digest, self._buf, self._base, start, self.events_read,
+                               "end record" if is_end else "checkpoint")
         if is_end:
             self.end = item  # type: ignore[assignment]
-
-    def _check_digest(self, item: Checkpoint | EndRecord, start: int, what: str) -> None:
-        """Compare the record's digest with the hash of every byte before ``start``."""
-        self._digest.update(memoryview(self._buf)[self._hashed - self._base: start - self._base])
-        self._hashed = start
-        if item.digest == self._digest.digest():
-            self.digests_verified += 1
-        elif self.digest_failure is None:
-            events, offset = self._interval
-            self.digest_failure = DigestBreak(events, offset, self.events_read, start, what)
-        self._interval = (self.events_read, start)
 
     def events(self) -> Iterator[Event]:
         """Only the events, in order (checkpoints and the end record are still validated)."""

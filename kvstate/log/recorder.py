@@ -100,9 +100,12 @@ class Recorder:
         return auto_checkpoint_every(self.engine.geometry)
 
     def _open(self) -> LogWriter:
-        host = self.engine.initial_state.host
+        initial = self.engine.initial_state
+        host, swa, mamba = initial.host, initial.swa, initial.mamba
         header = make_header(self.engine.geometry, checkpoint_every=self.checkpoint_every,
-                             meta=self.meta, host_pages=0 if host is None else host.num_pages)
+                             meta=self.meta, host_pages=0 if host is None else host.num_pages,
+                             swa_pages=0 if swa is None else swa.num_pages,
+                             mamba_slots=0 if mamba is None else mamba.num_slots)
         self.writer = LogWriter(self.path, header, **self._options)  # type: ignore[arg-type]
         every = header.checkpoint_every
         self._next_checkpoint = every if every else -1
@@ -172,5 +175,8 @@ class Recorder:
 
 
 def _empty_of(engine: Engine) -> bytes:
-    host = engine.initial_state.host
-    return initial_state(engine.geometry, host_pages=0 if host is None else host.num_pages).fingerprint()
+    host, swa, mamba = engine.initial_state.host, engine.initial_state.swa, \
+        engine.initial_state.mamba
+    return initial_state(engine.geometry, host_pages=0 if host is None else host.num_pages,
+                         swa_pages=0 if swa is None else swa.num_pages,
+                         mamba_slots=0 if mamba is None else mamba.num_slots).fingerprint()

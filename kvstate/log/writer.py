@@ -50,17 +50,22 @@ def _kvstate_version() -> str:
 
 
 def make_header(geometry: Geometry, *, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
-                meta: dict[str, Any] | None = None, host_pages: int = 0) -> LogHeader:
-    """The header of a run that starts empty (with a host tier of ``host_pages`` when > 0)."""
+                meta: dict[str, Any] | None = None, host_pages: int = 0,
+                swa_pages: int = 0, mamba_slots: int = 0) -> LogHeader:
+    """The header of a run that starts empty (with a host tier of ``host_pages`` when > 0,
+    an SWA pool of ``swa_pages`` when > 0, a Mamba pool of ``mamba_slots`` when > 0)."""
     return LogHeader(
         geometry=geometry,
         format_version=FORMAT_VERSION,
         kvstate_version=_kvstate_version(),
         checkpoint_every=checkpoint_every,
-        initial_fingerprint=initial_state(geometry, host_pages=host_pages).fingerprint(),
+        initial_fingerprint=initial_state(geometry, host_pages=host_pages, swa_pages=swa_pages,
+                                          mamba_slots=mamba_slots).fingerprint(),
         event_versions={tag: cls.VERSION for tag, cls in EVENT_TYPES.items()},
         meta=dict(meta or {}),
         host_pages=host_pages,
+        swa_pages=swa_pages,
+        mamba_slots=mamba_slots,
     )
 
 
@@ -157,7 +162,8 @@ class LogWriter:
 
 def write_log(path: str | os.PathLike[str], geometry: Geometry, events: Iterable[Event], *,
               checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY, meta: dict[str, Any] | None = None,
-              end: bool = True, host_pages: int = 0) -> State:
+              end: bool = True, host_pages: int = 0, swa_pages: int = 0,
+              mamba_slots: int = 0) -> State:
     """Write a whole log by applying ``events`` to the initial state (they must be valid).
 
     With ``host_pages`` the run has a host tier (offload, load and host-free
@@ -165,9 +171,10 @@ def write_log(path: str | os.PathLike[str], geometry: Geometry, events: Iterable
     final state.
     """
     header = make_header(geometry, checkpoint_every=checkpoint_every, meta=meta,
-                         host_pages=host_pages)
+                         host_pages=host_pages, swa_pages=swa_pages, mamba_slots=mamba_slots)
     writer = LogWriter(path, header, fsync=False)
-    live = LiveState.empty(geometry, host_pages=host_pages)
+    live = LiveState.empty(geometry, host_pages=host_pages, swa_pages=swa_pages,
+                           mamba_slots=mamba_slots)
     try:
         for evt in events:
             evt = validated(evt)

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 from msgspec.structs import replace as evolve_event
 
+from kvstate.backends.persistent import apply_valid as apply
 from kvstate.errors import InvalidEvent
 from kvstate.events import (
     Allocate,
@@ -36,7 +37,6 @@ from kvstate.events import (
     Unlock,
 )
 from kvstate.invariants import Violation
-from kvstate.backends.persistent import apply_valid as apply
 from kvstate.state import ROOT, State
 
 Checker = Callable[[State], list[Violation]]

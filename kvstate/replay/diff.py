@@ -47,6 +47,13 @@ class LogDiff:
     note: str | None = None  # e.g. one log's event was refused by the reducer
 
     @property
+    def event_difference(self) -> str | None:
+        """The first differing element of the first differing events (None: same events)."""
+        if self.event_a is None or self.event_b is None:
+            return None
+        return event_difference(self.event_a, self.event_b)
+
+    @property
     def identical(self) -> bool:
         return self.event_index is None and self.state_index is None
 
@@ -55,6 +62,7 @@ class LogDiff:
                 "event_index": self.event_index,
                 "event_a": None if self.event_a is None else repr(self.event_a),
                 "event_b": None if self.event_b is None else repr(self.event_b),
+                "event_difference": self.event_difference,
                 "state_index": self.state_index, "state_difference": self.state_difference,
                 "note": self.note}
 
@@ -76,6 +84,54 @@ def shorten(value: Any, limit: int = 160) -> str:
     """``repr(value)`` cut to ``limit`` characters (``(missing)`` for None)."""
     text = "(missing)" if value is None else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def event_difference(a: Event, b: Event) -> str:
+    """Where two events differ, down to the element: ``Allocate.pages[3]: 7 in A, 9 in B``."""
+    if type(a) is not type(b):
+        return f"event type: {type(a).__name__} in A, {type(b).__name__} in B"
+    for name in a.__struct_fields__:
+        found = _first_difference(getattr(a, name), getattr(b, name), f"{type(a).__name__}.{name}")
+        if found is not None:
+            return found
+    return "the events are equal"
+
+
+def _first_difference(x: Any, y: Any, path: str) -> str | None:
+    if isinstance(x, tuple) and isinstance(y, tuple):
+        for index, (xi, yi) in enumerate(zip(x, y, strict=False)):
+            found = _first_difference(xi, yi, f"{path}[{index}]")
+            if found is not None:
+                return found
+        if len(x) != len(y):
+            longer, side = (x, "A") if len(x) > len(y) else (y, "B")
+            extra = shorten(longer[min(len(x), len(y))], 80)
+            return (f"{path}: {len(x)} elements in A, {len(y)} in B; {side} goes on with "
+                    f"{extra} at [{min(len(x), len(y))}]")
+        return None
+    if x == y and type(x) is type(y):
+        return None
+    return f"{path}: {shorten(x, 80)} in A, {shorten(y, 80)} in B"
+
+
+def focus(a: Any, b: Any, limit: int = 200) -> tuple[str, str]:
+    """Both reprs cut to ``limit`` characters around where they first differ (``...`` marks a cut),
+    so the differing element is always on screen."""
+    ra, rb = repr(a), repr(b)
+    common = 0
+    for ca, cb in zip(ra, rb, strict=False):
+        if ca != cb:
+            break
+        common += 1
+    start = max(0, common - limit // 3)
+
+    def cut(text: str) -> str:
+        head = "..." if start > 0 else ""
+        body = text[start: start + limit]
+        tail = "..." if start + limit < len(text) else ""
+        return head + body + tail
+
+    return cut(ra), cut(rb)
 
 
 def _step(state: State | None, evt: Event | None) -> tuple[State | None, str | None]:

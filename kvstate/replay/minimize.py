@@ -31,14 +31,19 @@ cache costs little).  Pure apart from ``minimize_file``'s file I/O.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
+from kvstate.backends.persistent import apply_valid as apply
 from kvstate.errors import InvalidEvent
 from kvstate.events import Event
 from kvstate.invariants import Violation, check
+from kvstate.log.format import DEFAULT_CHECKPOINT_EVERY, Checkpoint, EndRecord, LogHeader
+from kvstate.log.limits import DEFAULT_LIMITS, Limits
+from kvstate.log.reader import LogReader
+from kvstate.log.writer import LogWriter, make_header
 from kvstate.replay.candidates import (
     Checker,
     Signature,
@@ -50,10 +55,7 @@ from kvstate.replay.candidates import (
     refused_signature,
     replay_candidate,
 )
-from kvstate.log.format import DEFAULT_CHECKPOINT_EVERY, Checkpoint, EndRecord
-from kvstate.log.reader import LogReader
-from kvstate.log.writer import LogWriter, make_header
-from kvstate.backends.persistent import apply_valid as apply
+from kvstate.replay.run import start_state
 from kvstate.state import Geometry, State, initial_state
 
 __all__ = ["MinimizeResult", "NoFailure", "Signature", "minimize_events", "minimize_file",
@@ -76,12 +78,15 @@ class NoFailure(ValueError):
 # -- the search ------------------------------------------------------------------------
 class _Search:
     def __init__(self, geometry: Geometry, events: Sequence[Event], checker: Checker,
-                 max_tests: int) -> None:
+                 max_tests: int, host_pages: int = 0,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.progress = progress  # (candidate replays so far, events now), after each replay
         self.geometry = geometry
         self.checker = checker
         self.max_tests = max_tests
         self.tests = 0
-        outcome = replay_candidate(initial_state(geometry), events, set(), None, checker)
+        outcome = replay_candidate(initial_state(geometry, host_pages=host_pages), events, set(),
+                                   None, checker)
         if outcome.signature is None:
             raise NoFailure("the events replay without a failure; nothing to minimize")
         self.target: Signature = outcome.signature
@@ -95,6 +100,8 @@ class _Search:
         self.tests += 1
         outcome = replay_candidate(self.states[first], candidate_suffix, dead, self.target,
                                     self.checker)
+        if self.progress is not None:
+            self.progress(self.tests, len(self.events))
         if outcome.signature != self.target:
             return False
         new_events = self.events[:first] + outcome.events
@@ -163,9 +170,10 @@ class _Search:
 
 
 def minimize_events(geometry: Geometry, events: Sequence[Event], *, checker: Checker | None = None,
-                    max_tests: int = 20000) -> MinimizeResult:
+                    max_tests: int = 20000, host_pages: int = 0,
+                    progress: Callable[[int, int], None] | None = None) -> MinimizeResult:
     """Shrink ``events`` (which must fail) keeping the failure's kind and check."""
-    search = _Search(geometry, events, checker or _full_check, max_tests)
+    search = _Search(geometry, events, checker or _full_check, max_tests, host_pages, progress)
     if search.target.kind == "invariant" and checker is None:
         name = search.target.check
         search.checker = lambda state: check(state, (name,))
@@ -184,11 +192,13 @@ def _full_check(state: State) -> list[Violation]:
     return check(state)
 
 
-def read_failing_log(path: str | os.PathLike[str]) -> tuple[Geometry, list[Event], Checkpoint | None]:
-    """Events of a log up to its first bad checkpoint (returned) or its end (format errors raise)."""
-    with LogReader(path) as reader:
-        geometry = reader.header.geometry
-        state = initial_state(geometry)
+def read_failing_log(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS,
+                     ) -> tuple[LogHeader, list[Event], Checkpoint | None]:
+    """Events of a log up to its first bad checkpoint (returned) or its end (format errors raise,
+    ``LogLimitError`` for a geometry beyond ``limits``)."""
+    with LogReader(path, limits=limits) as reader:
+        header = reader.header
+        state = start_state(header)
         events: list[Event] = []
         for _, item in reader.records():
             if isinstance(item, Event):
@@ -196,41 +206,45 @@ def read_failing_log(path: str | os.PathLike[str]) -> tuple[Geometry, list[Event
                 try:
                     state = apply(state, item)
                 except InvalidEvent:
-                    return geometry, events, None
+                    return header, events, None
             elif isinstance(item, (Checkpoint, EndRecord)) and item.fingerprint != state.fingerprint():
-                return geometry, events, Checkpoint(len(events), item.fingerprint)
-    return geometry, events, None
+                return header, events, Checkpoint(len(events), item.fingerprint)
+    return header, events, None
 
 
 def minimize_file(source: str | os.PathLike[str], target: str | os.PathLike[str], *,
                   checker: Checker | None = None, max_tests: int = 20000,
-                  checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY) -> MinimizeResult:
+                  checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+                  limits: Limits = DEFAULT_LIMITS,
+                  progress: Callable[[int, int], None] | None = None) -> MinimizeResult:
     """Minimize the log at ``source`` and write the result to ``target``.
 
     A fingerprint mismatch cannot be shrunk (the recorded fingerprint belongs
     to the original events): the prefix up to the mismatching checkpoint is
     written, followed by that checkpoint.
     """
-    geometry, events, bad = read_failing_log(source)
+    header, events, bad = read_failing_log(source, limits)
+    geometry, host_pages = header.geometry, header.host_pages
     meta: dict[str, Any] = {"minimized_from": os.path.basename(os.fspath(source))}
     if bad is not None:
         result = MinimizeResult(tuple(events), Signature("fingerprint", "checkpoint"), len(events), 0,
                                 bad.fingerprint)
     else:
-        result = minimize_events(geometry, events, checker=checker, max_tests=max_tests)
+        result = minimize_events(geometry, events, checker=checker, max_tests=max_tests,
+                                 host_pages=host_pages, progress=progress)
     meta["failure"] = {"kind": result.signature.kind, "check": result.signature.check}
     write_events_log(target, geometry, result.events, checkpoint_every=checkpoint_every, meta=meta,
-                     bad_fingerprint=result.bad_fingerprint)
+                     bad_fingerprint=result.bad_fingerprint, host_pages=host_pages)
     return result
 
 
 def write_events_log(path: str | os.PathLike[str], geometry: Geometry, events: Sequence[Event], *,
                      checkpoint_every: int, meta: dict[str, Any],
-                     bad_fingerprint: bytes | None = None) -> None:
+                     bad_fingerprint: bytes | None = None, host_pages: int = 0) -> None:
     """Write ``events`` with real checkpoints; a refused last event is written but not applied."""
-    writer = LogWriter(path, make_header(geometry, checkpoint_every=checkpoint_every, meta=meta),
-                       fsync=False)
-    state = initial_state(geometry)
+    writer = LogWriter(path, make_header(geometry, checkpoint_every=checkpoint_every, meta=meta,
+                                         host_pages=host_pages), fsync=False)
+    state = initial_state(geometry, host_pages=host_pages)
     try:
         for evt in events:
             writer.write_event(evt)

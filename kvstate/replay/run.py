@@ -14,10 +14,13 @@ event index, the event and the violated check (or the byte offset of a
 malformed record).
 
 Failure kinds: ``invariant`` (a check failed), ``invalid_event`` (the rules
-refused an event), ``fingerprint`` (a checkpoint or the end record
-disagrees with the replayed state), ``format`` (malformed bytes), and
-``executor`` (a data-plane hook reported a problem).  The replay owns only
-its local counters and state; the reader is consumed.
+refused an event), ``digest`` (the bytes of a checkpoint interval do not
+match the digest that closes it: the log was edited, even if every
+fingerprint still matches), ``fingerprint`` (a checkpoint or the end record
+disagrees with the replayed state), ``format`` (malformed bytes or a header
+beyond the reader's limits), and ``executor`` (a data-plane hook reported a
+problem).  The replay owns only its local counters and state; the reader
+is consumed.
 """
 
 from __future__ import annotations
@@ -33,14 +36,16 @@ from kvstate.backends.persistent import apply_valid
 from kvstate.canonical import fingerprint
 from kvstate.errors import InvalidEvent
 from kvstate.events import Event
-from kvstate.invariants import Violation, check
+from kvstate.invariants import CHECKS, Violation, check
 from kvstate.invariants.incremental import IncrementalChecker
 from kvstate.log.format import Checkpoint, EndRecord, LogFormatError, LogHeader
+from kvstate.log.limits import tokens_per_slot
 from kvstate.log.reader import LogReader
-from kvstate.replay.tally import count_after, measure_before
+from kvstate.replay.tally import Summary, count_after, measure_before, set_units
 from kvstate.state import State, initial_state
 
 Checker = Callable[[Any], list[Violation]]
+_CHECK_ORDER = {name: index for index, name in enumerate(CHECKS)}
 EventHook = Callable[[int, Event, Any], None]
 BACKENDS = ("live", "persistent")
 
@@ -77,52 +82,6 @@ class ReplayFailure:
 
 
 @attrs.define
-class Summary:
-    """Counts gathered while replaying (cheap per event; mutated only by ``replay``)."""
-
-    events: int = 0
-    by_type: dict[str, int] = attrs.field(factory=dict)
-    requests: int = 0
-    peak_pages_used: int = 0
-    prefix_hit_tokens: int = 0
-    prefill_tokens: int = 0  # tokens newly allocated by each request's first extend
-    evictions: int = 0  # Evict events
-    evicted_nodes: int = 0
-    evicted_tokens: int = 0
-    block_hits: int = 0  # block mode: cached blocks a request took (vLLM prefix hits, BlockHold)
-    blocks_allocated: int = 0  # block mode: blocks taken from the free queue (BlockAlloc)
-    blocks_uncached: int = 0  # block mode: cached blocks evicted (BlockUncache, lazy eviction)
-    checkpoints_verified: int = 0
-    invariant_checks: int = 0
-    seconds: float = 0.0
-    final_fingerprint: str = ""
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        total = self.prefix_hit_tokens + self.prefill_tokens
-        return self.prefix_hit_tokens / total if total else 0.0
-
-    @property
-    def events_per_second(self) -> float:
-        return self.events / self.seconds if self.seconds > 0 else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "events": self.events, "by_type": dict(sorted(self.by_type.items())),
-            "requests": self.requests, "peak_pages_used": self.peak_pages_used,
-            "prefix_hit_tokens": self.prefix_hit_tokens, "prefill_tokens": self.prefill_tokens,
-            "prefix_hit_rate": round(self.prefix_hit_rate, 6), "evictions": self.evictions,
-            "evicted_nodes": self.evicted_nodes, "evicted_tokens": self.evicted_tokens,
-            "block_hits": self.block_hits, "blocks_allocated": self.blocks_allocated,
-            "blocks_uncached": self.blocks_uncached,
-            "checkpoints_verified": self.checkpoints_verified,
-            "invariant_checks": self.invariant_checks,
-            "seconds": round(self.seconds, 6), "events_per_second": round(self.events_per_second, 1),
-            "final_fingerprint": self.final_fingerprint,
-        }
-
-
-@attrs.define
 class ReplayResult:
     header: LogHeader
     state: State  # the final state, frozen
@@ -139,7 +98,8 @@ class ReplayResult:
 
 def start_state(header: LogHeader) -> State:
     """The state before the log's first event."""
-    return initial_state(header.geometry, host_pages=header.host_pages)
+    return initial_state(header.geometry, host_pages=header.host_pages,
+                         swa_pages=header.swa_pages, mamba_slots=header.mamba_slots)
 
 
 def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
@@ -159,6 +119,8 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
     header = reader.header
     initial = start_state(header)
     summary = Summary()
+    set_units(summary, header.geometry.page_size, header.geometry.mode == "block",
+              tokens_per_slot(header.meta))
     result = ReplayResult(header, initial, summary, backend=backend)
     started = time.perf_counter()
     if verify and header.initial_fingerprint and header.initial_fingerprint != initial.fingerprint():
@@ -172,6 +134,8 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
     result.state = final if isinstance(final, State) else final.freeze()
     summary.seconds = time.perf_counter() - started
     summary.final_fingerprint = fingerprint(final).hex()
+    summary.digests = reader.digests
+    summary.digests_verified = reader.digests_verified
     result.salvaged = reader.stopped
     return result
 
@@ -190,12 +154,6 @@ class _Loop:
             self.incremental = IncrementalChecker(self.state)
         self.checker: Checker = check if checker is None else checker
 
-    def apply(self, event: Event) -> None:
-        if self.persistent:
-            self.state = apply_valid(self.state, event)
-        else:
-            self.state.apply(event)
-
     def violations(self) -> list[Violation]:
         if self.incremental is not None:
             return self.incremental.check()
@@ -208,32 +166,43 @@ class _Loop:
         check_every = self.check_every
         index = last_checked = 0
         num_pages = result.header.geometry.num_pages
-        pending: set[Any] = set()  # requests still waiting for their first allocation
+        pending: dict[Any, int] = {}  # requests still in their prefill (kvstate.replay.tally)
         last: Event | None = None
+        limit = -1 if until is None else until
+        # The hot loop binds what it calls per event: the live state's apply (the state
+        # object never changes on the live backend), the tally's two hooks.
+        live_apply = None if self.persistent else self.state.apply
+        before, after = measure_before, count_after
         try:
             for offset, item in reader.records():
                 kind = type(item)
                 if kind is Checkpoint or kind is EndRecord:
+                    if verify and reader.digest_failure is not None:
+                        self._digest_broken(reader, index)
+                        break
                     if verify and not self._fingerprint_ok(item, index, offset):  # type: ignore[arg-type]
                         break
                     summary.checkpoints_verified += kind is Checkpoint
                     continue
-                if until is not None and index >= until:
+                if index == limit:
                     result.stopped_early = True
                     break
-                measure = measure_before(self.state, item)  # type: ignore[arg-type]
+                state = self.state
+                measure = before(state, item, pending)  # type: ignore[arg-type]
                 try:
-                    self.apply(item)  # type: ignore[arg-type]
+                    if live_apply is not None:
+                        live_apply(item)
+                    else:
+                        self.state = state = apply_valid(state, item)  # type: ignore[arg-type]
                 except InvalidEvent as exc:
                     result.failure = ReplayFailure("invalid_event", exc.precondition, index,
                                                    item, "rules", offset)  # type: ignore[arg-type]
                     break
-                count_after(summary, pending, item, measure,  # type: ignore[arg-type]
-                            num_pages - len(self.state.free_pages))
+                after(summary, pending, item, measure, state, num_pages)  # type: ignore[arg-type]
                 last = item  # type: ignore[assignment]
                 index += 1
                 if on_event is not None:
-                    on_event(index - 1, item, self.state)  # type: ignore[arg-type]
+                    on_event(index - 1, item, state)  # type: ignore[arg-type]
                 if check_every and index % check_every == 0:
                     last_checked = index
                     if self._violated(index - 1, last, offset):
@@ -247,6 +216,13 @@ class _Loop:
                 self._violated(index - 1, last, None)
         summary.events = index
         return self.state
+
+    def _digest_broken(self, reader: LogReader, index: int) -> None:
+        broken = reader.digest_failure
+        assert broken is not None
+        self.result.failure = ReplayFailure(
+            "digest", broken.describe(), index - 1 if index else None, None,
+            "checkpoint" if broken.what == "checkpoint" else "end", broken.offset)
 
     def _fingerprint_ok(self, item: Checkpoint | EndRecord, index: int, offset: int) -> bool:
         expected = item.fingerprint
@@ -265,7 +241,10 @@ class _Loop:
         violations = self.violations()
         if not violations:
             return False
-        first = violations[0]
+        # The incremental checker finds violations in the order it walks what changed; the
+        # registry's order is the full checks' order, so both name the same first check.
+        order = _CHECK_ORDER
+        first = min(violations, key=lambda v: order.get(v.check, len(order)))
         more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
         self.result.failure = ReplayFailure("invariant", first.message + more, index, event,
                                             first.check, offset)
