@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from pyrsistent import pvector
 
 from kvstate import Engine, Geometry, ModelConfig
 from kvstate.errors import InvalidEvent
@@ -27,7 +26,6 @@ from kvstate.planner.alloc import plan_decode, plan_extend
 from kvstate.planner.evict import plan_evict
 from kvstate.planner.requests import RequestCursor, plan_checkpoint, plan_release
 from kvstate.planner.tree_ops import plan_match
-from kvstate.state import Request
 
 CONFIG = ModelConfig(num_layers=2, num_kv_heads=2, head_dim=8)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -38,6 +36,22 @@ def make(num_pages=16, page_size=2, rows=6, device="cpu", config=CONFIG):
     executor = TorchExecutor(config, num_pages, page_size, device=device)
     executor.attach(engine)
     return engine, executor
+
+
+def decide(engine, planner, *args, **kwargs):
+    """Run a planner decision in one engine batch; its result."""
+    with engine.batch() as batch:
+        return planner(batch, *args, **kwargs)
+
+
+def smuggle(executor, event):
+    """Feed ``event`` to the executor as a buggy core would: planned and moved, never applied.
+
+    The executor and its monitor follow it; the engine's state does not, which
+    is what an aliasing or use-after-free bug in the rules looks like to them.
+    """
+    executor.before(event, executor.view)
+    executor.after([event], executor.view)
 
 
 # -- buffers -----------------------------------------------------------------------
@@ -118,19 +132,18 @@ def test_copy_event_copies_whole_pages_in_every_layer():
         assert torch.equal(executor.v_buffer[layer][6:8], -data)
 
 
-def test_plan_is_plain_index_lists():
+def test_plan_is_plain_index_lists_from_the_state_before():
     engine, _ = make()
-    before = engine.state
+    assert plan_indices(engine.state, ReqAlloc((1,))).opened == (1,)
     engine.apply(ReqAlloc((1,)))
-    plan = plan_indices(before, engine.state, ReqAlloc((1,)))
-    assert plan.opened == (1,)
-    before = engine.state
-    engine.commit(plan_extend(before, [(1, 3)], at_head=True))
-    state = engine.state
     event = Allocate((1, 2), ((1, (2, 3, 4)),))
-    plan = plan_indices(before, state, event)
+    plan = plan_indices(engine.state, event)
     assert plan.new_tokens == ((1, 0, 2), (1, 1, 3), (1, 2, 4))
-    assert plan_indices(state, state, Copy((1,), (5,))).copy_dst == (10, 11)
+    assert plan_indices(engine.view, event) == plan  # the live view plans the same
+    engine.apply(event)
+    engine.apply(Allocate((5,)))
+    assert plan_indices(engine.state, Copy((1,), (5,))).copy_dst == (10, 11)
+    assert plan_indices(engine.state, Free((5,))).freed_slots == (10, 11)
 
 
 def test_poisoned_freed_slots_read_nan():
@@ -157,7 +170,7 @@ def test_sglang_allocator_attaches_kvcache():
     allocator = PagedTokenToKVPoolAllocator(size=16, page_size=2, kvcache=executor)
     assert allocator.get_kvcache() is executor
     slots = allocator.alloc(4)
-    assert executor.state is allocator.engine.state
+    assert executor.engine is allocator.engine and executor.view is allocator.engine.view
     assert slots is not None and executor.state.holders[int(slots[0]) // 2] == (0,)
 
 
@@ -165,7 +178,7 @@ def test_sglang_allocator_attaches_kvcache():
 def _three_requests():
     engine, executor = make(num_pages=16, page_size=4)
     engine.apply(ReqAlloc((1, 2, 3)))
-    engine.commit(plan_extend(engine.state, [(1, 5), (2, 8), (3, 1)], at_head=True))
+    decide(engine, plan_extend, [(1, 5), (2, 8), (3, 1)], at_head=True)
     return engine, executor
 
 
@@ -197,6 +210,19 @@ def test_vllm_and_sglang_tables():
         sglang_req_to_token(state, [9])
 
 
+def test_exports_read_a_frozen_state_and_the_live_view_alike():
+    engine, executor = _three_requests()
+    frozen, live = engine.state, engine.view
+    assert isinstance(live.requests[1].pages, list) and isinstance(frozen.requests[1].pages, tuple)
+    for a, b in zip(flashinfer_page_table(frozen, [1, 2, 3]), flashinfer_page_table(live, [1, 2, 3]),
+                    strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(vllm_block_table(frozen, [3, 1]), vllm_block_table(live, [3, 1]))
+    assert torch.equal(vllm_slot_mapping(frozen, [(2, 1, 7)]), vllm_slot_mapping(live, [(2, 1, 7)]))
+    assert torch.equal(sglang_req_to_token(frozen, [2]), sglang_req_to_token(live, [2]))
+    assert torch.equal(executor.gather_kv(frozen, 2, 1)[0], executor.gather_kv(live, 2, 1)[0])
+
+
 def test_gather_kv_is_contiguous_in_token_order():
     engine, executor = _three_requests()
     state = engine.state
@@ -220,7 +246,7 @@ def _dense_attention(q, k, v):
 def test_paged_attention_through_every_export_equals_dense(device):
     engine, executor = make(num_pages=24, page_size=4, device=device)
     engine.apply(ReqAlloc((1, 2, 3)))
-    engine.commit(plan_extend(engine.state, [(1, 7), (2, 13), (3, 4)], at_head=True))
+    decide(engine, plan_extend, [(1, 7), (2, 13), (3, 4)], at_head=True)
     state = engine.state
     requests, dense = [1, 2, 3], {}
     generator = torch.Generator().manual_seed(0)
@@ -260,7 +286,7 @@ def test_flashinfer_decode_matches_reference_on_cuda():
     flashinfer = pytest.importorskip("flashinfer")
     engine, executor = make(num_pages=24, page_size=4, device="cuda")
     engine.apply(ReqAlloc((1, 2)))
-    engine.commit(plan_extend(engine.state, [(1, 9), (2, 14)], at_head=True))
+    decide(engine, plan_extend, [(1, 9), (2, 14)], at_head=True)
     state = engine.state
     for request in (1, 2):
         n = state.requests[request].allocated
@@ -290,16 +316,16 @@ def test_tags_are_exact_small_integers_and_distinct():
 def _prefix_sharing_flow(engine):
     """Request 1 caches a prompt; request 2 hits its prefix, then request 1 finishes."""
     engine.apply(ReqAlloc((1,)))
-    engine.commit(plan_extend(engine.state, [(1, 6)], at_head=True))
+    decide(engine, plan_extend, [(1, 6)], at_head=True)
     tokens = [5, 6, 7, 8, 9, 10]
-    cursor = engine.commit(plan_checkpoint(engine.state, RequestCursor(1), tokens, prompt_len=6,
-                                           up_to=6, at_head=True))
+    cursor = decide(engine, plan_checkpoint, RequestCursor(1), tokens, prompt_len=6, up_to=6,
+                    at_head=True)
     engine.apply(ReqAlloc((2,)))
-    match = engine.commit(plan_match(engine.state, [5, 6, 7, 8, 1, 1, 1]))
+    match = decide(engine, plan_match, [5, 6, 7, 8, 1, 1, 1])
     engine.apply(Assign(2, 0, match.slots))
-    engine.commit(plan_extend(engine.state, [(2, 7)], at_head=True))
-    engine.commit(plan_release(engine.state, cursor, tokens, prompt_len=6, owned=6,
-                               checkpoint=True, at_head=True))
+    decide(engine, plan_extend, [(2, 7)], at_head=True)
+    decide(engine, plan_release, cursor, tokens, prompt_len=6, owned=6, checkpoint=True,
+           at_head=True)
     return match
 
 
@@ -316,16 +342,17 @@ def test_integrity_holds_through_prefix_sharing_and_release(device):
     assert report.tokens_checked == 2 * (7 * 5 + tree_tokens)
 
 
-def test_integrity_catches_aliasing_from_a_forged_state():
+@pytest.mark.parametrize("incremental", [False, True])
+def test_integrity_catches_aliasing_from_a_buggy_core(incremental):
     engine, executor = make()
     monitor = enable_integrity(executor)
     engine.apply(ReqAlloc((1, 2)))
-    engine.commit(plan_extend(engine.state, [(1, 2)], at_head=True))
+    decide(engine, plan_extend, [(1, 2)], at_head=True)
+    assert monitor.check().ok
     page = engine.state.requests[1].pages[0]
-    state = engine.state
-    forged = state.with_changes(requests=state.requests.set(2, Request(pvector([page]), 2, 2)))
-    executor.apply(Allocate((page,), ((2, (page * 2, page * 2 + 1)),)), forged)
-    report = monitor.verify()
+    # A core that hands request 1's page to request 2 as well: request 2 writes over it.
+    smuggle(executor, Allocate((page,), ((2, (page * 2, page * 2 + 1)),)))
+    report = monitor.check() if incremental else monitor.verify()
     assert not report.ok
     assert "request 1 position 0 reads another token's tag" in str(report)
 
@@ -334,18 +361,20 @@ def test_integrity_catches_a_missed_copy_on_write():
     engine, executor = make()
     monitor = enable_integrity(executor)
     engine.apply(ReqAlloc((1, 2)))
-    engine.commit(plan_extend(engine.state, [(1, 3)], at_head=True))
+    decide(engine, plan_extend, [(1, 3)], at_head=True)
     engine.apply(Share(2, 0, tuple(engine.state.slots_of(1))))  # shares the partial page too
     # The core refuses an append into a shared page (spec finding F3) ...
-    with pytest.raises(InvalidEvent, match="alone"):
-        engine.commit(plan_decode(engine.state, [2], at_head=True))
-    # ... and if the bytes are written there anyway (a kernel ignoring the metadata),
-    # integrity mode sees another holder's token change under it.
     shared_slot = engine.state.slots_of(1)[2]
+    with pytest.raises(InvalidEvent, match="alone"):
+        engine.apply(Allocate((), ((2, (shared_slot + 1,)),)))
+    # ... and if the bytes are written there anyway (a kernel ignoring the metadata),
+    # the full verification sees another holder's token change under it.  (No event
+    # moved those bytes, so an incremental check has nothing to look at.)
     for layer in range(CONFIG.num_layers):
         k, v = executor.get_kv_buffer(layer)
         executor.set_kv_buffer(layer, torch.tensor([shared_slot]), torch.ones_like(k[:1]),
                                torch.ones_like(v[:1]))
+    assert monitor.check().ok
     report = monitor.verify()
     assert not report.ok and "position 2" in str(report)
 
@@ -354,42 +383,45 @@ def test_integrity_holds_with_copy_on_write():
     engine, executor = make()
     monitor = enable_integrity(executor)
     engine.apply(ReqAlloc((1, 2)))
-    engine.commit(plan_extend(engine.state, [(1, 3)], at_head=True))
+    decide(engine, plan_extend, [(1, 3)], at_head=True)
     full, partial = engine.state.requests[1].pages
     engine.apply(Share(2, 0, (full * 2, full * 2 + 1)))
     fresh = engine.state.free_pages.head(1)[0]
     engine.apply(Allocate((fresh,)))
     engine.apply(Copy((partial,), (fresh,)))
     engine.apply(Assign(2, 2, (fresh * 2,)))
-    engine.commit(plan_decode(engine.state, [2, 1], at_head=True))
+    check = monitor.check()
+    assert check.ok and check.tokens_checked > 0, str(check)  # the copied page was read back
+    decide(engine, plan_decode, [2, 1], at_head=True)
     report = monitor.verify()
     assert report.ok, str(report)
     assert monitor.req_content[2][2] == monitor.req_content[1][2]  # copied, not rewritten
 
 
-def test_integrity_catches_a_stale_prefix_hit():
+@pytest.mark.parametrize("incremental", [False, True])
+def test_integrity_catches_a_stale_prefix_hit(incremental):
     engine, executor = make(num_pages=4)
     monitor = enable_integrity(executor)
     engine.apply(ReqAlloc((1,)))
-    engine.commit(plan_extend(engine.state, [(1, 4)], at_head=True))
-    cursor = engine.commit(plan_checkpoint(engine.state, RequestCursor(1), [1, 2, 3, 4],
-                                           prompt_len=4, up_to=4, at_head=True))
-    engine.commit(plan_release(engine.state, cursor, [1, 2, 3, 4], prompt_len=4, owned=4,
-                               checkpoint=False, at_head=True))
+    decide(engine, plan_extend, [(1, 4)], at_head=True)
+    cursor = decide(engine, plan_checkpoint, RequestCursor(1), [1, 2, 3, 4], prompt_len=4,
+                    up_to=4, at_head=True)
+    decide(engine, plan_release, cursor, [1, 2, 3, 4], prompt_len=4, owned=4, checkpoint=False,
+           at_head=True)
     tree_page = engine.state.nodes[1].pages[0]
-    # A buggy allocator hands the tree's page to request 2 while the node survives.
     engine.apply(ReqAlloc((2,)))
-    state = engine.state
-    forged = state.with_changes(requests=state.requests.set(2, Request(pvector([tree_page]), 2, 2)))
-    executor.apply(Allocate((tree_page,), ((2, (tree_page * 2, tree_page * 2 + 1)),)), forged)
-    assert "a tree token does not read back its tag" in str(monitor.verify())
+    assert monitor.check().ok
+    # A buggy allocator hands the tree's page to request 2 while the node survives.
+    smuggle(executor, Allocate((tree_page,), ((2, (tree_page * 2, tree_page * 2 + 1)),)))
+    report = monitor.check() if incremental else monitor.verify()
+    assert "a tree token does not read back its tag" in str(report)
 
 
 def test_integrity_reports_linking_to_another_position():
     engine, executor = make()
     monitor = enable_integrity(executor)
     engine.apply(ReqAlloc((1, 2)))
-    engine.commit(plan_extend(engine.state, [(1, 4)], at_head=True))
+    decide(engine, plan_extend, [(1, 4)], at_head=True)
     slots = engine.state.slots_of(1)
     engine.apply(Share(2, 0, tuple(slots[2:4])))  # page 2 of request 1 at position 0 of request 2
     report = monitor.verify()
@@ -414,25 +446,34 @@ def test_integrity_checks_the_sglang_pool_table():
 def test_integrity_seeds_from_a_non_empty_state():
     engine, _ = make()
     _prefix_sharing_flow(engine)
+    later = Engine(state=engine.state)  # an engine that already has state when attached
     executor = TorchExecutor(CONFIG, 16, 2, device="cpu")
-    executor.reset_state(engine.state)
+    executor.attach(later)
     monitor = enable_integrity(executor)
     assert monitor.verify().ok
-    assert monitor.req_content[2][:4] == monitor.node_content[engine.state.page_node[
-        engine.state.requests[2].pages[0]]][:4]
+    state = later.state
+    assert monitor.req_content[2][:4] == monitor.node_content[state.page_node[
+        state.requests[2].pages[0]]][:4]
+    decide(later, plan_decode, [2], at_head=True)  # and it follows from there
+    assert monitor.check().ok and monitor.verify().ok
 
 
 # -- replay and host pool ----------------------------------------------------------------
 def test_replay_hook_rebuilds_and_verifies():
     engine, _ = make()
     _prefix_sharing_flow(engine)
-    engine.commit(plan_evict(engine.state, 100, at_head=True))
+    decide(engine, plan_evict, 100, at_head=True)
     engine.apply(ReqFree((2,)))
     result = replay_hook(engine, "cpu")
     assert result.ok, result.message
     assert result.events_applied == len(engine.events)
+    assert "in 1 checks (full)" in result.message
     pair = replay_hook((engine.initial_state, list(engine.events)), "cpu", check_every=1)
-    assert pair.ok and pair.tokens_checked > result.tokens_checked
+    assert pair.ok and pair.tokens_checked > result.tokens_checked, pair.message
+    assert f"in {len(engine.events) + 1} checks (incremental + 1 full)" in pair.message
+    full = replay_hook((engine.initial_state, list(engine.events)), "cpu", check_every=1,
+                       full_checks=True)
+    assert full.ok and full.tokens_checked > pair.tokens_checked, full.message
 
 
 def test_replay_hook_reports_a_bad_log():
@@ -480,5 +521,7 @@ def test_mla_executor_integrity_through_prefix_sharing():
     _prefix_sharing_flow(engine)
     report = monitor.verify()
     assert report.ok, str(report)
+    decide(engine, plan_evict, 100, at_head=True)
+    assert monitor.check().ok
     k, v = executor.gather_kv(engine.state, 2, 0)
     assert k.shape == (7, 12) and v.shape == (7, 8) and torch.equal(v, k[:, :8])

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import attrs
+import msgspec
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvstate import Engine, apply
 from kvstate.cli import main
-from kvstate.events import ReqAlloc
-from kvstate.events_block import BlockAlloc, BlockCache, BlockHold, BlockRelease
+from kvstate.events import BlockAlloc, BlockCache, BlockHold, BlockRelease, ReqAlloc
 from kvstate.executor import REPLAY_MODEL, TorchExecutor, enable_integrity, plan_indices, replay_hook
 from kvstate.log import Recorder, read_events
 from kvstate.log.writer import write_log
-from kvstate.reducer import HANDLERS, apply
+from kvstate.rules import RULES
 from kvstate.state import DETACHED, Geometry, initial_state
 from kvstate.vllm.block_pool import BlockPool
 from kvstate.vllm.manager import KVCacheManager
@@ -72,8 +72,7 @@ def block_state(num_pages: int = 6):
 
 
 def step(state, event):
-    after = apply(state, event)
-    return after, plan_indices(state, after, event)
+    return apply(state, event), plan_indices(state, event)
 
 
 def test_block_plans_say_who_writes_links_nulls_and_frees():
@@ -91,7 +90,7 @@ def test_block_plans_say_who_writes_links_nulls_and_frees():
     assert plan.nulled_tokens == (("a", 0, 0), ("a", 1, 1))
     assert plan.freed_slots == ()
     state, plan = step(state, BlockAlloc(DETACHED, (3,)))
-    assert plan == plan_indices(state, state, BlockAlloc(DETACHED, ()))  # the empty plan
+    assert plan == plan_indices(state, BlockAlloc(DETACHED, ()))  # the empty plan
     state, plan = step(state, BlockRelease(DETACHED, (3,)))
     assert plan.freed_slots == (6, 7)  # neither held nor cached any more
     state, plan = step(state, BlockRelease("a", (2,), close=True))
@@ -103,10 +102,9 @@ def test_block_plans_never_copy_bytes(tmp_path):
     header, events = read_events(str(record(tmp_path, manager)))
     state = initial_state(header.geometry)
     for event in events:
-        after = apply(state, event)
-        plan = plan_indices(state, after, event)
+        plan = plan_indices(state, event)
         assert not (plan.copy_src or plan.host_out_src or plan.host_in_src)
-        state = after
+        state = apply(state, event)
 
 
 # -- integrity on recorded logs -------------------------------------------------------------------
@@ -134,12 +132,14 @@ def test_sliding_window_log_has_null_positions_that_read_the_padding_page(tmp_pa
 
     path = record(tmp_path, manager, long_request)
     header, events = read_events(str(path))
-    state = initial_state(header.geometry)
-    executor = TorchExecutor(REPLAY_MODEL, header.geometry.num_pages, header.geometry.page_size, device="cpu")
-    executor.reset_state(state)
+    engine = Engine(header.geometry)
+    executor = TorchExecutor(REPLAY_MODEL, header.geometry.num_pages, header.geometry.page_size,
+                             device="cpu")
+    executor.attach(engine)
     monitor = enable_integrity(executor)
     for event in events:
-        executor.apply(event)
+        engine.apply(event)
+        assert monitor.check().ok
     assert 0 in executor.state.requests["long"].pages  # the window dropped a block
     report = monitor.verify()
     assert report.ok, str(report)
@@ -187,7 +187,7 @@ def test_a_cache_hit_on_the_wrong_block_is_caught(tmp_path, capsys):
     hits = [i for i, e in enumerate(events) if isinstance(e, BlockHold) and e.holder == "y"]
     assert hits and len(events[hits[0]].pages) >= 2
     hold = events[hits[0]]
-    events[hits[0]] = attrs.evolve(hold, pages=tuple(reversed(hold.pages)))  # blocks 0 and 1 swapped
+    events[hits[0]] = msgspec.structs.replace(hold, pages=tuple(reversed(hold.pages)))  # 0, 1 swapped
     result = replay_hook((initial_state(header.geometry), events), "cpu")
     assert not result.ok
     assert "computed for position" in result.message
@@ -198,21 +198,22 @@ def test_a_cache_hit_on_the_wrong_block_is_caught(tmp_path, capsys):
 
 
 def test_a_refcount_aliasing_bug_is_caught(tmp_path, monkeypatch):
-    """A release that frees pages other requests still hold: a new request overwrites them."""
-    original = HANDLERS[BlockRelease]
+    """A release that frees pages other requests still hold, so a new request can take them.
 
-    def leaky_release(state, event):
-        after = original(state, event)
-        shared = [page for page in event.pages
-                  if page in after.holders and page not in after.free_pages]
-        if not shared:
-            return after
-        holders = after.holders
-        for page in shared:
-            holders = holders.delete(page)
-        return after.with_changes(holders=holders, free_pages=after.free_pages.push_head(shared))
+    The state forgets that ``second`` holds them; the monitor does not, so the
+    check after the eviction that frees them reports the use after free
+    (before ``third`` even writes over them).
+    """
+    original = RULES[BlockRelease]
 
-    monkeypatch.setitem(HANDLERS, BlockRelease, leaky_release)
+    def leaky_release(s, event):
+        shared = [page for page in event.pages if page and len(s.holders.get(page, ())) > 1]
+        original(s, event)
+        for page in shared:  # the bug: queued as free although others still hold them
+            del s.holders[page]
+            s.free_pages = s.free_pages.push_head([page])
+
+    monkeypatch.setitem(RULES, BlockRelease, leaky_release)
     manager = KVCacheManager(MODEL_PAGES, BS, 64)
 
     def run(manager):
@@ -225,7 +226,7 @@ def test_a_refcount_aliasing_bug_is_caught(tmp_path, monkeypatch):
 
     result = replay_log(record(tmp_path, manager, run))
     assert not result.ok
-    assert "request 'second'" in result.message and "reads another token's tag" in result.message
+    assert "use after free: request 'second' position 0" in result.message
 
 
 # -- random front-end workloads --------------------------------------------------------------------
@@ -259,5 +260,7 @@ def test_random_vllm_workloads_keep_integrity_with_poisoned_frees(actions, slidi
         elif running:
             manager.free(running.pop(tail % len(running)))
             manager.evict_blocks({tail})
+        check = monitor.check()
+        assert check.ok, str(check)
         report = monitor.verify()
         assert report.ok, str(report)

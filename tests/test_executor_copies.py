@@ -8,7 +8,7 @@ import torch
 from kvstate import ModelConfig
 from kvstate.executor import HostPool, MLAConfig, MLATorchExecutor, TorchExecutor
 from kvstate.executor.copies import PageViews, copy_rows, slot_runs, whole_pages
-from kvstate.executor.plan import page_slots
+from kvstate.executor.index_plan import page_slots
 
 SAME_DIMS = ModelConfig(num_layers=3, num_kv_heads=2, head_dim=8)
 MIXED_DIMS = ModelConfig(num_layers=2, num_kv_heads=2, head_dim=8, v_head_dim=4)

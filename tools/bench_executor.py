@@ -37,6 +37,7 @@ import torch
 from kvstate import Engine, Geometry, ModelConfig
 from kvstate.events import ReqAlloc
 from kvstate.executor import HostPool, TorchExecutor
+from kvstate.freequeue import FreeQueue
 from kvstate.planner.alloc import plan_extend
 
 
@@ -118,12 +119,11 @@ def run(device_name: str, num_pages: int, page_size: int, layers: int, heads: in
                              row_width=gather_tokens))
     free = list(range(1, num_pages + 1))
     rng.shuffle(free)
-    state = engine.state.with_changes(free_pages=type(engine.state.free_pages).from_pages(free))
+    state = engine.state.with_changes(free_pages=FreeQueue.from_items(free))  # scattered pages
     engine = Engine(state=state)
     engine.apply(ReqAlloc((1,)))
-    plan = plan_extend(engine.state, [(1, gather_tokens)], at_head=True)
-    assert plan is not None
-    engine.commit(plan)
+    with engine.batch() as batch:
+        assert plan_extend(batch, [(1, gather_tokens)], at_head=True) is not None
     gather_state = engine.state
     k_out = torch.empty((gather_tokens + page_size, heads, head_dim), dtype=torch.float16, device=device)
     v_out = torch.empty_like(k_out)

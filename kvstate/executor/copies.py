@@ -23,6 +23,20 @@ import torch
 _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
 
 
+_ELEMENT_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_PATTERNS: dict[tuple[torch.dtype, str], int] = {}
+
+
+def bit_pattern(dtype: torch.dtype, value: float) -> int:
+    """The integer with the bits of ``value`` stored as one ``dtype`` element (cached)."""
+    key = (dtype, repr(value))
+    pattern = _PATTERNS.get(key)
+    if pattern is None:
+        element = torch.zeros(1, dtype=dtype).fill_(value)
+        pattern = _PATTERNS[key] = int(element.view(_ELEMENT_INTS[element.element_size()])[0])
+    return pattern
+
+
 def slot_runs(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, int]]:
     """Coalesce parallel slot lists into ``(src_start, dst_start, length)`` runs.
 
@@ -112,6 +126,11 @@ class PageViews:
         self.num_pages = rows // page_size
         self.words = tuple(raw_words(t).view(t.shape[0], self.num_pages, -1) for t in tensors)
         self._cache: list[tuple[torch.Tensor, ...] | None] = [None] * self.num_pages
+        # Element-wise integer views ``[layers, pages, P * row]`` for fills; numpy on the CPU.
+        self._elements = tuple(t.view(_ELEMENT_INTS[t.element_size()]).view(t.shape[0],
+                                                                           self.num_pages, -1)
+                               for t in tensors)
+        self._arrays = tuple(e.numpy() if e.device.type == "cpu" else None for e in self._elements)
 
     def page(self, page: int) -> tuple[torch.Tensor, ...]:
         cached = self._cache[page]
@@ -128,6 +147,23 @@ class PageViews:
     def check(self, pages: Sequence[int]) -> None:
         if pages and (min(pages) < 0 or max(pages) >= self.num_pages):
             raise IndexError(f"page outside 0..{self.num_pages - 1}")
+
+    def fill(self, pages: Sequence[int], value: float) -> None:
+        """Set every element of ``pages`` (every tensor, every layer) to ``value``.
+
+        On the CPU through numpy views of the same memory (one call per
+        tensor, no index tensor to build); elsewhere one ``index_fill_``.
+        """
+        self.check(pages)
+        index = list(pages)
+        for tensor, elements, array in zip(self.tensors, self._elements, self._arrays,
+                                           strict=True):
+            pattern = bit_pattern(tensor.dtype, value)
+            if array is not None:
+                array[:, index, :] = pattern
+            else:
+                elements.index_fill_(1, torch.tensor(index, dtype=torch.int64,
+                                                     device=tensor.device), pattern)
 
 
 def copy_pages_between(dst: PageViews, src: PageViews, src_pages: Sequence[int],

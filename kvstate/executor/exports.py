@@ -1,10 +1,16 @@
-"""Reads in the layouts real attention kernels consume, all computed from a ``State``.
+"""Reads in the layouts real attention kernels consume, all computed from a state.
 
-A request is its core request id: the SGLang front end's row number
-(``req_pool_idx``) or a seed-002 / vLLM request name.  Index exports are pure
-functions of the state that return fresh int32 tensors; ``gather_kv`` reads
-an executor's buffers and returns fresh contiguous tensors.  Nothing here
-mutates a state or a buffer.
+The state is a frozen ``State`` or an engine's ``LiveState`` (``engine.view``;
+only the attribute names they share are read).  A request is its core
+request id: the SGLang front end's row number (``req_pool_idx``) or a
+seed-002 / vLLM request name.  Index exports are pure functions of the state
+that return fresh int32 tensors; ``gather_kv`` reads an executor's buffers
+and returns fresh contiguous tensors.  Nothing here mutates a state or a buffer.
+
+Dangling entries: after ``FreeMapped`` a row may still map a page that went
+back to the free list, until the row is rewritten there, truncated or
+closed.  Any export asked to read such an entry raises :class:`UseAfterFree`
+rather than hand a kernel a freed slot.
 
 Formats (P = page size, ``len`` = a request's mapped tokens)::
 
@@ -13,6 +19,16 @@ Formats (P = page size, ``len`` = a request's mapped tokens)::
     vllm_block_table       [n, max_blocks] page ids, padded with page 0 (the padding sink)
     vllm_slot_mapping      slot of every listed token, ``block * P + pos % P``
     sglang_req_to_token    [n, width] slots per position, padded with slot 0
+
+The sliding-window layers of a FULL + SWA hybrid read their own pool at
+``full_to_swa[slot]`` (the SWA slot at the same offset of the FULL page's SWA
+page, 0 where it has none), from the state's pairing or from a
+``full_to_swa_index_mapping`` tensor given as ``mapping``::
+
+    swa_slots              the SWA slot of each FULL slot (SGLang's ``translate_loc_from_full_to_swa``)
+    sglang_swa_req_to_token  ``sglang_req_to_token`` translated: [n, width] SWA slots
+    swa_window_indices     kv_indptr [n+1], kv_indices: the SWA slots of each request's last
+                           ``window`` positions (a sliding-window layer's paged-KV indices)
 """
 
 from __future__ import annotations
@@ -23,28 +39,78 @@ from typing import Any
 import torch
 
 from kvstate.executor.copies import raw_words
-from kvstate.state import RequestId, State
+from kvstate.state import RequestId, slot_span
 
 
-def _length(state: State, request: RequestId) -> int:
+class UseAfterFree(ValueError):
+    """A read of table entries whose page was freed under the row (``FreeMapped``).
+
+    ``request`` is the request, ``positions`` the first dangling positions
+    asked for (one table index: ``start..stop - 1``) and ``page`` the freed
+    page they map; ``dangling`` lists every dangling table index of the read.
+    """
+
+    def __init__(self, request: RequestId, positions: range, page: int,
+                 dangling: Sequence[int]) -> None:
+        self.request = request
+        self.positions = positions
+        self.page = page
+        self.dangling = tuple(dangling)
+        more = f" (and {len(dangling) - 1} more dangling pages)" if len(dangling) > 1 else ""
+        super().__init__(f"use after free: request {request!r} positions {positions.start}.."
+                         f"{positions.stop - 1} map page {page}, which was freed under the row "
+                         f"(FreeMapped) and not rewritten, truncated or closed since{more}")
+
+
+class SwaKVLost(ValueError):
+    """A sliding-window read of a position whose FULL page has no SWA page (freed or evicted).
+
+    ``request``, ``position`` and the FULL ``page`` name the lost window token.
+    """
+
+    def __init__(self, request: RequestId, position: int, page: int) -> None:
+        self.request, self.position, self.page = request, position, page
+        super().__init__(f"SWA window lost: request {request!r} position {position} maps FULL "
+                         f"page {page}, which has no SWA page (its SWA KV was freed or evicted)")
+
+
+def _record(state: Any, request: RequestId, start: int = 0, stop: int | None = None) -> Any:
+    """The request's table; ``UseAfterFree`` if positions ``[start, stop)`` reach a dangling entry."""
     record = state.requests.get(request)
     if record is None:
         raise KeyError(f"unknown request {request!r}")
-    return record.allocated
+    if record.dangling:
+        size = state.geometry.page_size
+        stop = record.allocated if stop is None else stop
+        first, last = start // size, -(-stop // size)
+        hit = [index for index in record.dangling if first <= index < last]
+        if hit:
+            index = hit[0]
+            positions = range(max(start, index * size),
+                              min(stop, index * size + size, record.allocated))
+            raise UseAfterFree(request, positions, record.pages[index], hit)
+    return record
 
 
-def request_pages(state: State, request: RequestId) -> list[int]:
-    """Pages backing a request's mapped tokens, in order."""
-    length = _length(state, request)
-    size = state.geometry.page_size
-    return list(state.requests[request].pages[: -(-length // size)])
+def _length(state: Any, request: RequestId) -> int:
+    return int(_record(state, request).allocated)
 
 
-def request_slots(state: State, request: RequestId) -> list[int]:
-    return state.slots_of(request)
+def request_pages(state: Any, request: RequestId) -> list[int]:
+    """Pages backing a request's mapped tokens, in order (``UseAfterFree`` if one is dangling)."""
+    record = _record(state, request)
+    return list(record.pages[: -(-record.allocated // state.geometry.page_size)])
 
 
-def gather_kv(executor: Any, state: State, request: RequestId, layer: int,
+def request_slots(state: Any, request: RequestId, start: int = 0, stop: int | None = None
+                  ) -> list[int]:
+    """Slots of positions ``[start, stop)`` of a request (``UseAfterFree`` if one is dangling)."""
+    record = _record(state, request, start, stop)
+    end = record.allocated if stop is None else min(stop, record.allocated)
+    return list(slot_span(record.pages, state.geometry.page_size, start, end))
+
+
+def gather_kv(executor: Any, state: Any, request: RequestId, layer: int,
               out: tuple[torch.Tensor, torch.Tensor] | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(k, v)`` of a request's mapped tokens in one layer, contiguous in token order.
@@ -81,7 +147,7 @@ def _gather_pages(buffer: torch.Tensor, pages: torch.Tensor, size: int, length: 
     return out[:length]
 
 
-def flashinfer_page_table(state: State, requests: Sequence[RequestId],
+def flashinfer_page_table(state: Any, requests: Sequence[RequestId],
                           device: str | torch.device = "cpu"
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashInfer's paged-KV description ``(kv_indptr, kv_indices, kv_last_page_len)``.
@@ -103,7 +169,7 @@ def flashinfer_page_table(state: State, requests: Sequence[RequestId],
             torch.tensor(last, dtype=torch.int32, device=device))
 
 
-def vllm_block_table(state: State, requests: Sequence[RequestId], max_blocks: int | None = None,
+def vllm_block_table(state: Any, requests: Sequence[RequestId], max_blocks: int | None = None,
                      device: str | torch.device = "cpu") -> torch.Tensor:
     """vLLM's ``block_table``: one row of page ids per request, padded with page 0."""
     rows = [request_pages(state, r) for r in requests]
@@ -116,19 +182,25 @@ def vllm_block_table(state: State, requests: Sequence[RequestId], max_blocks: in
     return table.to(device)
 
 
-def vllm_slot_mapping(state: State, spans: Sequence[tuple[RequestId, int, int]],
+def vllm_slot_mapping(state: Any, spans: Sequence[tuple[RequestId, int, int]],
                       device: str | torch.device = "cpu") -> torch.Tensor:
-    """vLLM's ``slot_mapping`` for token spans ``(request, start, stop)`` (e.g. this step's tokens)."""
+    """vLLM's ``slot_mapping`` for token spans ``(request, start, stop)`` (e.g. this step's tokens).
+
+    Only the spans are read: a dangling entry elsewhere in the row is no use after free.
+    """
     slots: list[int] = []
     for request, start, stop in spans:
-        length = _length(state, request)
+        record = state.requests.get(request)
+        if record is None:
+            raise KeyError(f"unknown request {request!r}")
+        length = record.allocated
         if not 0 <= start <= stop <= length:
             raise ValueError(f"span {start}:{stop} outside the {length} mapped tokens of {request!r}")
-        slots.extend(state.slots_of(request, start, stop))
+        slots.extend(request_slots(state, request, start, stop))
     return torch.tensor(slots, dtype=torch.int64, device=device)
 
 
-def sglang_req_to_token(state: State, requests: Sequence[RequestId], width: int | None = None,
+def sglang_req_to_token(state: Any, requests: Sequence[RequestId], width: int | None = None,
                         device: str | torch.device = "cpu") -> torch.Tensor:
     """SGLang's ``req_to_token`` rows for ``requests`` (positions past a request's end are 0)."""
     lengths = [_length(state, r) for r in requests]
@@ -138,7 +210,8 @@ def sglang_req_to_token(state: State, requests: Sequence[RequestId], width: int 
         if lengths[index] > columns:
             raise ValueError(f"request {request!r} maps {lengths[index]} tokens, more than {columns}")
         if lengths[index]:
-            table[index, : lengths[index]] = torch.tensor(state.slots_of(request), dtype=torch.int32)
+            table[index, : lengths[index]] = torch.tensor(request_slots(state, request),
+                                                          dtype=torch.int32)
     return table.to(device)
 
 
@@ -164,3 +237,73 @@ def slots_from_block_table(block_table: torch.Tensor, lengths: Sequence[int],
         blocks = block_table[index].to(torch.int64)[positions // page_size]
         out.append(blocks * page_size + positions % page_size)
     return out
+
+
+# -- the sliding-window layers of a FULL + SWA hybrid -------------------------------------
+def _peer_table(state: Any) -> torch.Tensor:
+    """int64 ``[N + 1]``: the SWA page of every FULL page (0: none); ``ValueError`` without a pool."""
+    pool = state.swa
+    if pool is None:
+        raise ValueError("the state has no SWA pool")
+    table = torch.zeros(state.geometry.num_pages + 1, dtype=torch.int64)
+    if len(pool.peer):
+        table[torch.tensor(list(pool.peer.keys()))] = torch.tensor(list(pool.peer.values()))
+    return table
+
+
+def _translate(state: Any, full: torch.Tensor, mapping: torch.Tensor | None) -> torch.Tensor:
+    if mapping is not None:
+        return mapping[full.to(mapping.device)].cpu()
+    size = state.geometry.page_size
+    peer = _peer_table(state)[full // size]
+    return torch.where(peer > 0, peer * size + full % size, 0)
+
+
+def swa_slots(state: Any, full_slots: Sequence[int], mapping: torch.Tensor | None = None
+              ) -> list[int]:
+    """The SWA slot of each FULL slot: from the state's pairing, or read from ``mapping``
+    (a ``full_to_swa_index_mapping`` tensor); 0 where the page has no SWA page."""
+    full = torch.tensor(list(full_slots), dtype=torch.int64)
+    return _translate(state, full, mapping).tolist()  # type: ignore[no-any-return]
+
+
+def sglang_swa_req_to_token(state: Any, requests: Sequence[RequestId], width: int | None = None,
+                            device: str | torch.device = "cpu",
+                            mapping: torch.Tensor | None = None) -> torch.Tensor:
+    """``sglang_req_to_token`` mapped through full -> SWA: the slot each position has in the
+    SWA layers (0 where its SWA KV is gone, and past a request's end)."""
+    table = sglang_req_to_token(state, requests, width).to(torch.int64)
+    translated = _translate(state, table.reshape(-1), mapping).reshape(table.shape)
+    return translated.to(torch.int32).to(device)
+
+
+def swa_window_indices(state: Any, requests: Sequence[RequestId], window: int,
+                       device: str | torch.device = "cpu", mapping: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(kv_indptr, kv_indices)``: the SWA slots of each request's last ``window`` positions.
+
+    From the state's pairing a window position whose page has no SWA page
+    raises :class:`SwaKVLost`; through ``mapping`` it reads what the mapping
+    holds (a kernel's view).  A dangling window entry raises ``UseAfterFree``.
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(f"window must be a positive int, got {window!r}")
+    indptr = [0]
+    full: list[int] = []
+    starts: list[int] = []
+    for request in requests:
+        length = _length(state, request)
+        start = max(0, length - window)
+        starts.append(start)
+        full.extend(request_slots(state, request, start, length))
+        indptr.append(len(full))
+    indices = _translate(state, torch.tensor(full, dtype=torch.int64), mapping)
+    if mapping is None and len(full):
+        lost = torch.nonzero(indices == 0).reshape(-1)
+        if len(lost):
+            row = int(lost[0])
+            which = next(i for i in range(len(requests)) if indptr[i + 1] > row)
+            raise SwaKVLost(requests[which], starts[which] + row - indptr[which],
+                            full[row] // state.geometry.page_size)
+    return (torch.tensor(indptr, dtype=torch.int32, device=device),
+            indices.to(torch.int32).to(device))

@@ -1,8 +1,8 @@
 """Integrity mode for block-mode (vLLM) states: null positions, cached blocks, seeding, tree reads.
 
 Helpers of :class:`~kvstate.executor.integrity.IntegrityMonitor`; they read
-and update the monitor's bookkeeping (``slot_content``, ``errors``) and write
-tags through it, never a ``State``.
+and update the monitor's bookkeeping (``slot_content``, ``cached``,
+``errors``) and write tags through it; a ``State`` (frozen or live) is only read.
 
 In block mode a tree node is one block that may have several cached copies
 (one per page), each written by whichever request computed it, so the
@@ -18,11 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kvstate.executor.plan import node_depth, page_slots
-from kvstate.state import ROOT, State
-
-Content = tuple[int, int]  # (writer uid, position the KV was computed for)
-NULL_UID = -1  # content uid of a null-page position: (NULL_UID, row of page 0)
+from kvstate.executor.index_plan import node_depth, page_slots
+from kvstate.executor.integrity_tags import NULL_UID, Content
+from kvstate.state import ROOT
 
 
 def null_content(position: int, page_size: int) -> Content:
@@ -37,7 +35,10 @@ def cache_blocks(monitor: Any, cached: Iterable[tuple[int, int, Sequence[int]]])
     would serve it to the wrong place); a page nobody computed (a pool-level
     allocation) gets fresh tags, as if the engine had written it.
     """
+    size = monitor.size
     for node_id, depth, slots in cached:
+        monitor.cached[slots[0] // size] = (node_id, depth)
+        monitor.check_pages.add(slots[0] // size)
         uid = 0
         fresh_slots: list[int] = []
         fresh: list[Content] = []
@@ -56,7 +57,7 @@ def cache_blocks(monitor: Any, cached: Iterable[tuple[int, int, Sequence[int]]])
         monitor.write_tags(fresh_slots, fresh)
 
 
-def seed_block_cache(monitor: Any, state: State) -> None:
+def seed_block_cache(monitor: Any, state: Any) -> None:
     """Tag the cached pages a non-empty block-mode state already holds (as if freshly written)."""
     size = state.geometry.page_size
     depths = _depths(state)
@@ -64,7 +65,7 @@ def seed_block_cache(monitor: Any, state: State) -> None:
                            for page, node_id in sorted(state.page_node.items())])
 
 
-def block_tree_reads(monitor: Any, state: State, problems: list[str]
+def block_tree_reads(monitor: Any, state: Any, problems: list[str]
                      ) -> tuple[list[int], list[Content]]:
     """Slots of every cached page and the tags they must read back; mismatched records go to ``problems``."""
     size = state.geometry.page_size
@@ -84,7 +85,7 @@ def block_tree_reads(monitor: Any, state: State, problems: list[str]
     return slots, contents
 
 
-def _depths(state: State) -> dict[int, int]:
+def _depths(state: Any) -> dict[int, int]:
     """Depth (tokens above its first token) of every tree node, walking down from the root once."""
     nodes = state.nodes
     depths = {ROOT: 0}

@@ -13,8 +13,9 @@ from typing import Any
 import attrs
 import torch
 
-from kvstate.executor.buffers import _Mirror, default_device, element_size
+from kvstate.executor.buffers import default_device, element_size
 from kvstate.executor.copies import PageViews
+from kvstate.executor.mirror import Mirror
 from kvstate.state import Geometry
 
 
@@ -36,7 +37,7 @@ class MLAConfig:
         return self.num_layers * self.row_width * self.dtype_bytes
 
 
-class MLATorchExecutor(_Mirror):
+class MLATorchExecutor(Mirror):
     """One latent buffer per layer: ``kv_buffer[layer]`` of ``[rows, lora + rope]``."""
 
     def __init__(self, config: MLAConfig, num_pages: int, page_size: int,

@@ -1,257 +1,176 @@
-"""Index planning for the executor: ``plan_indices(before, after, event) -> IndexPlan``.
+"""Index planning for the executor: ``plan_indices(before, event) -> IndexPlan``.
 
-This module is pure (no torch, no clock, no randomness): it reads two
-immutable states and one event and returns plain index lists saying which
-bytes an executor must move and which token positions changed meaning.  The
-executor and the integrity monitor act on the plan; they never decide.
+Pure (no torch, no clock, no randomness): reads the state an event applies
+to (a frozen ``State`` or the engine's ``LiveState``; only the shared
+attribute names) and the event, and returns plain index lists saying which
+bytes an executor must move and which token positions change meaning.  The
+effect of an event is determined by the pre-state and the event, so no
+post-state is needed: the engine's listener calls this in ``before`` and the
+executor moves the bytes once the batch is committed.  A plan copies what it
+takes from the state (the live state goes on changing).  The executor and
+the integrity monitor act on plans; they never decide.
 
-What the fields mean (slots are ``page * page_size + offset``)::
+The fields are described in :mod:`kvstate.executor.index_plan`.
 
-    copy_src / copy_dst   slot i of copy_src is copied to slot i of copy_dst (all layers)
-    freed_slots           slots whose page went back to the free list (content now garbage)
-    new_tokens            (request, position, slot): fresh table entries a forward pass writes
-    linked_tokens         (request, position, slot): table entries that now read bytes
-                          already in the pool (tree pages, shared pages, moved own pages)
-    truncated             (request, length): table cut to ``length`` positions
-    opened / closed       requests opened / closed by this event
-    inserted              (node, depth, slots): a new tree node and its first token's depth
-    split                 (node, at, new_node): new_node took the node's first ``at`` tokens
-    dropped_nodes         tree nodes that left the tree
-    reset_requests/nodes  every request / every node was dropped (``Reset``)
-    host_out_src/_dst     device slot i is copied to host slot i (a backup; all layers)
-    host_in_src/_dst      host slot i is copied to device slot i (a load-back)
-    host_freed            host slots whose copy was dropped
-    demoted_nodes         nodes whose device copy was evicted but stay host-only
-    loaded_nodes          host-only nodes put back on the device
-    nulled_tokens         (request, position, slot): block mode, table entries that now map
-                          the null page 0 (slot = position % page_size); no live KV there
-    cached_blocks         (node, depth, slots): block mode, a held page that became a cached
-                          copy of tree node ``node`` whose first token is at ``depth``
-
-Block-mode events (``kvstate.events_block``) are planned in
-:mod:`kvstate.executor.plan_block`; none of them copies bytes.
-
-Every field is a tuple; an event that moves nothing gets ``IndexPlan()``.
+Which events move bytes: ``Copy`` (copy_*), ``Free``/``FreeMapped``/``Evict``/
+``Reset`` and the block releases (freed_slots, poisoned in debug mode),
+``Offload``/``Load`` (host_*).  Row and tree events only change meaning.
+Block-mode events are planned in :mod:`kvstate.executor.plan_block`, host
+events in :mod:`kvstate.executor.plan_host`, tree events in
+:mod:`kvstate.executor.plan_tree`, SWA-pool events (and the SWA part of a
+``Copy`` or a ``Reset``) in :mod:`kvstate.executor.plan_swa`.  Every field is a tuple; an event that
+moves nothing and changes no meaning gets ``EMPTY_PLAN``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
-import attrs
+from collections.abc import Sequence
+from typing import Any
 
 from kvstate.events import (
     Allocate,
     Assign,
     Copy,
     Event,
-    Evict,
     Free,
-    Insert,
+    FreeMapped,
     ReqAlloc,
     ReqFree,
-    Reset,
+    Scatter,
     Share,
-    Split,
     Truncate,
 )
-from kvstate.state import DETACHED, ROOT, RequestId, State, expand_pages
-
-TokenRef = tuple[RequestId, int, int]  # (request, position, slot)
-
-
-@attrs.frozen
-class IndexPlan:
-    """Plain index lists derived from one event (immutable)."""
-
-    copy_src: tuple[int, ...] = ()
-    copy_dst: tuple[int, ...] = ()
-    freed_slots: tuple[int, ...] = ()
-    new_tokens: tuple[TokenRef, ...] = ()
-    linked_tokens: tuple[TokenRef, ...] = ()
-    truncated: tuple[tuple[RequestId, int], ...] = ()
-    opened: tuple[RequestId, ...] = ()
-    closed: tuple[RequestId, ...] = ()
-    inserted: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
-    split: tuple[tuple[int, int, int], ...] = ()
-    dropped_nodes: tuple[int, ...] = ()
-    reset_requests: bool = False
-    reset_nodes: bool = False
-    host_out_src: tuple[int, ...] = ()
-    host_out_dst: tuple[int, ...] = ()
-    host_in_src: tuple[int, ...] = ()
-    host_in_dst: tuple[int, ...] = ()
-    host_freed: tuple[int, ...] = ()
-    demoted_nodes: tuple[int, ...] = ()
-    loaded_nodes: tuple[int, ...] = ()
-    nulled_tokens: tuple[TokenRef, ...] = ()
-    cached_blocks: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
-
-    @property
-    def moves_bytes(self) -> bool:
-        return bool(self.copy_src or self.freed_slots or self.host_out_src or self.host_in_src)
+from kvstate.executor.index_plan import EMPTY_PLAN, PLANNERS, IndexPlan, TokenRef, page_slots, plans
+from kvstate.executor.plan_swa import swa_copy_part
+from kvstate.state import DETACHED, RequestId
 
 
-EMPTY_PLAN = IndexPlan()
-Planner = Callable[[State, State, Event], IndexPlan]
-PLANNERS: dict[type[Event], Planner] = {}
+def plan_indices(before: Any, event: Event) -> IndexPlan:
+    """The index lists of ``event`` applied to ``before`` (a ``State`` or ``LiveState``; pure).
 
-
-def plans(event_type: type[Event]) -> Callable[[Planner], Planner]:
-    """Register the index planner of an event type (other modules add their own)."""
-
-    def register(fn: Planner) -> Planner:
-        PLANNERS[event_type] = fn
-        return fn
-
-    return register
-
-
-def plan_indices(before: State, after: State, event: Event) -> IndexPlan:
-    """The index lists of ``event``, which took ``before`` to ``after`` (pure)."""
-    planner = PLANNERS.get(type(event))
-    return EMPTY_PLAN if planner is None else planner(before, after, event)
-
-
-class PageSlots(tuple[int, ...]):
-    """The slots of whole ``pages`` in order: a plain tuple that also remembers its pages.
-
-    Executors read ``pages`` to copy page by page without re-deriving them
-    from the slots; everything else sees an ordinary immutable tuple.
+    ``before`` must be a state the event is valid for (the rules are not
+    re-checked here); events without a planner move nothing.
     """
+    planner = PLANNERS.get(type(event))
+    return EMPTY_PLAN if planner is None else planner(before, event)
 
-    pages: tuple[int, ...]
-    page_size: int
-
-    def __new__(cls, pages: Sequence[int], page_size: int) -> PageSlots:
-        slots = super().__new__(cls, expand_pages(pages, page_size))
-        slots.pages = tuple(pages)
-        slots.page_size = page_size
-        return slots
-
-
-def page_slots(pages: Sequence[int], page_size: int) -> tuple[int, ...]:
-    """Every slot of ``pages`` (a :class:`PageSlots`)."""
-    return PageSlots(pages, page_size)
-
-
-def node_depth(state: State, node_id: int) -> int:
-    """Tokens above ``node_id``'s first token (sum of its ancestors' key lengths)."""
-    nodes = state.nodes
-    depth = 0
-    current = nodes[node_id].parent
-    while current != ROOT:
-        node = nodes[current]
-        depth += len(node.key)
-        current = node.parent
-    return depth
 
 
 # -- rows ---------------------------------------------------------------------
 @plans(ReqAlloc)
-def _req_alloc(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, ReqAlloc)
+def _req_alloc(before: Any, event: ReqAlloc) -> IndexPlan:
     return IndexPlan(opened=event.requests)
 
 
 @plans(ReqFree)
-def _req_free(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, ReqFree)
+def _req_free(before: Any, event: ReqFree) -> IndexPlan:
     return IndexPlan(closed=event.requests)
+
+
+@plans(Truncate)
+def _truncate(before: Any, event: Truncate) -> IndexPlan:
+    return IndexPlan(truncated=((event.request, event.length),))
 
 
 # -- pages ----------------------------------------------------------------------
 @plans(Allocate)
-def _allocate(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, Allocate)
+def _allocate(before: Any, event: Allocate) -> IndexPlan:
+    if not event.items:
+        return EMPTY_PLAN  # DETACHED pages: nobody maps them, their bytes are garbage
     tokens: list[TokenRef] = []
+    lengths: dict[RequestId, int] = {}  # an item may follow another item of the same request
+    requests = before.requests
     for request_id, slots in event.items:
-        start = before.requests[request_id].allocated
-        tokens.extend((request_id, start + index, slot) for index, slot in enumerate(slots))
+        start = lengths.get(request_id)
+        if start is None:
+            start = requests[request_id].allocated
+        tokens.extend(zip([request_id] * len(slots), range(start, start + len(slots)), slots,
+                          strict=True))
+        lengths[request_id] = start + len(slots)
     return IndexPlan(new_tokens=tuple(tokens))
 
 
-@plans(Assign)
-def _assign(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, Assign)
-    request_id = event.request
+def _table_write(before: Any, request_id: RequestId, start: int, slots: Sequence[int],
+                 new: list[TokenRef], linked: list[TokenRef]) -> None:
+    """Classify the positions a row write changes: computed fresh (``new``) or linked.
+
+    A position keeps its meaning when it maps the same slot as before and
+    its entry is not dangling.  A fresh position (past the mapped length, or
+    a dangling entry) on a DETACHED page or on a page the request holds alone
+    outside the tree is computed by the forward pass; anything else reads KV
+    already in the pool (a tree page, a page the request moved).
+    """
     size = before.geometry.page_size
-    old = before.requests[request_id]
-    old_pages = set(old.pages)
-    new_tokens: list[TokenRef] = []
-    linked: list[TokenRef] = []
-    for position, slot in enumerate(event.slots, start=event.start):
-        page = slot // size
-        if position < old.allocated:
-            old_slot = old.pages[position // size] * size + position % size
-            if old_slot == slot:
-                continue
-        if page in after.page_node:
-            linked.append((request_id, position, slot))
-        elif page not in old_pages and before.holders.get(page) == (DETACHED,):
-            new_tokens.append((request_id, position, slot))
+    record = before.requests[request_id]
+    pages, allocated, dangling = record.pages, record.allocated, record.dangling
+    holders, page_node = before.holders, before.page_node
+    own = (request_id,)
+    for position, slot in zip(range(start, start + len(slots)), slots, strict=True):
+        page, index = slot // size, position // size
+        fresh = position >= allocated or index in dangling
+        if not fresh and pages[index] == page:
+            continue  # rewritten with the slot it already maps
+        held = holders.get(page)
+        if page not in page_node and (held == (DETACHED,) or (fresh and held == own)):
+            new.append((request_id, position, slot))
         else:
             linked.append((request_id, position, slot))
-    return IndexPlan(new_tokens=tuple(new_tokens), linked_tokens=tuple(linked))
+
+
+@plans(Assign)
+def _assign(before: Any, event: Assign) -> IndexPlan:
+    new: list[TokenRef] = []
+    linked: list[TokenRef] = []
+    _table_write(before, event.request, event.start, event.slots, new, linked)
+    return IndexPlan(new_tokens=tuple(new), linked_tokens=tuple(linked))
+
+
+@plans(Scatter)
+def _scatter(before: Any, event: Scatter) -> IndexPlan:
+    new: list[TokenRef] = []
+    linked: list[TokenRef] = []
+    for request_id, position, slot in event.items:  # distinct requests: items are independent
+        _table_write(before, request_id, position, (slot,), new, linked)
+    return IndexPlan(new_tokens=tuple(new), linked_tokens=tuple(linked))
 
 
 @plans(Share)
-def _share(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, Share)
-    return IndexPlan(linked_tokens=tuple(
-        (event.request, position, slot) for position, slot in enumerate(event.slots, start=event.start)))
-
-
-@plans(Truncate)
-def _truncate(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, Truncate)
-    return IndexPlan(truncated=((event.request, event.length),))
+def _share(before: Any, event: Share) -> IndexPlan:
+    start = event.start
+    return IndexPlan(linked_tokens=tuple(zip([event.request] * len(event.slots),
+                                             range(start, start + len(event.slots)), event.slots,
+                                             strict=True)))
 
 
 @plans(Free)
-def _free(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, Free)
+def _free(before: Any, event: Free) -> IndexPlan:
     return IndexPlan(freed_slots=page_slots(event.pages, before.geometry.page_size))
 
 
-@plans(Copy)
-def _copy(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, Copy)
+@plans(FreeMapped)
+def _free_mapped(before: Any, event: FreeMapped) -> IndexPlan:
+    """The pages are freed; every row entry that maps one of them becomes dangling."""
     size = before.geometry.page_size
+    gone = set(event.pages)
+    owners = dict.fromkeys(before.holders[page][0] for page in event.pages)
+    dangled: list[TokenRef] = []
+    for request_id in owners:
+        record = before.requests[request_id]
+        for index, page in enumerate(record.pages):
+            if page in gone:
+                first = index * size
+                for position in range(first, min(first + size, record.allocated)):
+                    dangled.append((request_id, position, page * size + position - first))
+    return IndexPlan(freed_slots=page_slots(event.pages, size), dangled_tokens=tuple(dangled))
+
+
+@plans(Copy)
+def _copy(before: Any, event: Copy) -> IndexPlan:
+    size = before.geometry.page_size
+    swa = swa_copy_part(before, event.src_pages, event.dst_pages)
     return IndexPlan(copy_src=page_slots(event.src_pages, size),
-                     copy_dst=page_slots(event.dst_pages, size))
+                     copy_dst=page_slots(event.dst_pages, size), **swa)
 
 
-# -- tree -----------------------------------------------------------------------
-@plans(Insert)
-def _insert(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, Insert)
-    return IndexPlan(inserted=((event.node, node_depth(after, event.node), event.slots),))
-
-
-@plans(Split)
-def _split(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, Split)
-    return IndexPlan(split=((event.node, event.at, event.new_node),))
-
-
-@plans(Evict)
-def _evict(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, Evict)
-    freed = [page for node_id in event.nodes for page in before.nodes[node_id].pages
-             if page not in after.holders and page not in after.page_node]
-    return IndexPlan(freed_slots=page_slots(freed, before.geometry.page_size),
-                     dropped_nodes=event.nodes)
-
-
-@plans(Reset)
-def _reset(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, Reset)
-    was_held = set(before.holders.keys()) | set(before.page_node.keys())
-    now_held = set(after.holders.keys()) | set(after.page_node.keys())
-    freed = sorted(was_held - now_held)
-    closed = tuple(r for r in before.requests.keys() if r not in after.requests)
-    dropped = tuple(n for n in before.nodes.keys() if n != ROOT and n not in after.nodes)
-    return IndexPlan(freed_slots=page_slots(freed, before.geometry.page_size), closed=closed,
-                     dropped_nodes=dropped, reset_requests=bool(closed) and not after.requests,
-                     reset_nodes=len(after.nodes) == 1)
+# Register the other planners (imported for their side effect on PLANNERS).
+from kvstate.executor import plan_block, plan_host, plan_swa, plan_tree  # noqa: E402,F401,I001

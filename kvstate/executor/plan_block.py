@@ -1,10 +1,10 @@
 """Index planning for block-mode events (vLLM V1 block pool): ``BlockAlloc`` .. ``BlockClear``.
 
-Pure (no torch, no clock): each planner reads the states before and after
-one block event and returns an :class:`~kvstate.executor.plan.IndexPlan`.
+Pure (no torch, no clock): each planner reads the state one block event
+applies to and returns an :class:`~kvstate.executor.plan.IndexPlan`.
 Importing this module registers the planners with ``plan.plans``.
 
-No block event moves bytes: vLLM never copies a block.  What the plans say:
+No block event copies bytes: vLLM never copies a block.  What the plans say:
 
     BlockAlloc   a request's new pages: ``new_tokens`` (the forward pass writes them);
                  a pool-level (DETACHED) allocation maps nothing
@@ -14,7 +14,7 @@ No block event moves bytes: vLLM never copies a block.  What the plans say:
                  released entries become null (``nulled_tokens``), or with ``close`` the
                  request is ``closed``
     BlockCache   each page that became a cached copy: ``cached_blocks`` (node, depth, slots)
-    BlockUncache / BlockClear   uncached pages that no one holds: ``freed_slots``
+    BlockUncache / BlockClear   ``uncached_pages``; those no one holds: ``freed_slots``
 
 Cached pages keep their bytes while they wait in the free queue, so a page
 is garbage only once it is neither held nor cached.
@@ -23,32 +23,16 @@ is garbage only once it is neither held nor cached.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-from kvstate.events import Event
-from kvstate.events_block import (
-    BlockAlloc,
-    BlockCache,
-    BlockClear,
-    BlockHold,
-    BlockRelease,
-    BlockUncache,
-)
-from kvstate.executor.plan import EMPTY_PLAN, IndexPlan, TokenRef, node_depth, page_slots, plans
-from kvstate.state import DETACHED, ROOT, RequestId, State
+from kvstate.events import BlockAlloc, BlockCache, BlockClear, BlockHold, BlockRelease, BlockUncache
+from kvstate.executor.index_plan import EMPTY_PLAN, IndexPlan, TokenRef, depth_below, page_slots, plans
+from kvstate.state import DETACHED, RequestId
 
 
 def _is_request(holder: RequestId) -> bool:
     """True for a request holder; the int ``DETACHED`` is the pool-level reference."""
     return isinstance(holder, str) or holder != DETACHED
-
-
-def _unowned(after: State, pages: Iterable[int]) -> tuple[int, ...]:
-    """Slots of the real pages that are neither held nor cached in ``after`` (their bytes are garbage)."""
-    size = after.geometry.page_size
-    holders, page_node = after.holders, after.page_node
-    gone = [page for page in dict.fromkeys(pages)
-            if page and page not in holders and page not in page_node]
-    return page_slots(gone, size)
 
 
 def _table_tokens(request: RequestId, first_position: int, pages: Iterable[int], size: int
@@ -64,33 +48,44 @@ def _table_tokens(request: RequestId, first_position: int, pages: Iterable[int],
     return real, null
 
 
-@plans(BlockAlloc)
-@plans(BlockHold)
-def _block_take(before: State, after: State, event: Event) -> IndexPlan:
+def _take(before: Any, event: BlockAlloc | BlockHold) -> IndexPlan:
     """Pages appended to a request's table: fresh ones it computes, or cached hits it links."""
-    assert isinstance(event, (BlockAlloc, BlockHold))
     if not _is_request(event.holder):
         return EMPTY_PLAN
     start = before.requests[event.holder].allocated
     real, null = _table_tokens(event.holder, start, event.pages, before.geometry.page_size)
     if isinstance(event, BlockAlloc):
         # Allocated pages are the free-queue head, which never holds the null page 0
-        # (both reducers reject anything else), so ``null`` is empty here.
+        # (the rules reject anything else), so ``null`` is empty here.
         return IndexPlan(new_tokens=tuple(real))
     return IndexPlan(linked_tokens=tuple(real), nulled_tokens=tuple(null))
 
 
+@plans(BlockAlloc)
+def _block_alloc(before: Any, event: BlockAlloc) -> IndexPlan:
+    return _take(before, event)
+
+
+@plans(BlockHold)
+def _block_hold(before: Any, event: BlockHold) -> IndexPlan:
+    return _take(before, event)
+
+
 @plans(BlockRelease)
-def _block_release(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, BlockRelease)
-    freed = _unowned(after, event.pages)
+def _block_release(before: Any, event: BlockRelease) -> IndexPlan:
+    holders, page_node = before.holders, before.page_node
+    # A page is garbage once its last holder entry goes and it is not a cached copy.
+    real = [page for page in event.pages if page]
+    freed = page_slots([page for page in real
+                        if len(holders[page]) == 1 and page not in page_node],
+                       before.geometry.page_size)
     holder = event.holder
     if not _is_request(holder):
         return IndexPlan(freed_slots=freed)
     if event.close:
         return IndexPlan(freed_slots=freed, closed=(holder,))
     size = before.geometry.page_size
-    released = {page for page in event.pages if page}
+    released = set(real)
     nulled: list[TokenRef] = []
     for index, page in enumerate(before.requests[holder].pages):
         if page in released:
@@ -100,24 +95,28 @@ def _block_release(before: State, after: State, event: Event) -> IndexPlan:
 
 
 @plans(BlockCache)
-def _block_cache(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, BlockCache)
+def _block_cache(before: Any, event: BlockCache) -> IndexPlan:
     size = before.geometry.page_size
-    parent = event.parent
     # The entries are one chain under ``parent``: entry i starts i blocks below it.
-    base = 0 if parent == ROOT else node_depth(after, parent) + len(after.nodes[parent].key)
+    base = depth_below(before, event.parent)
     cached = tuple((node_id, base + index * size, page_slots((page,), size))
                    for index, (node_id, _key, _extra, page) in enumerate(event.entries) if page)
     return IndexPlan(cached_blocks=cached)
 
 
+def _uncache(before: Any, pages: Iterable[int]) -> IndexPlan:
+    holders = before.holders
+    pages = tuple(pages)
+    freed = [page for page in pages if page not in holders]
+    return IndexPlan(freed_slots=page_slots(freed, before.geometry.page_size),
+                     uncached_pages=pages)
+
+
 @plans(BlockUncache)
-def _block_uncache(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, BlockUncache)
-    return IndexPlan(freed_slots=_unowned(after, event.pages))
+def _block_uncache(before: Any, event: BlockUncache) -> IndexPlan:
+    return _uncache(before, event.pages)
 
 
 @plans(BlockClear)
-def _block_clear(before: State, after: State, event: Event) -> IndexPlan:
-    assert isinstance(event, BlockClear)
-    return IndexPlan(freed_slots=_unowned(after, before.page_node.keys()))
+def _block_clear(before: Any, event: BlockClear) -> IndexPlan:
+    return _uncache(before, sorted(before.page_node.keys()))

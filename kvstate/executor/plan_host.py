@@ -1,42 +1,43 @@
-"""Index planning across the host tier: ``plan_tiered_indices(before, after, event)``.
+"""Index planning for host-tier events: ``Offload``, ``Load``, ``HostFree``.
 
-Pure (no torch): reads two ``TieredState`` values and an event, returns an
-``IndexPlan`` whose ``host_*`` fields say which device and host slots to
-copy.  Core events get the core plan, adjusted where the host tier changes
-their meaning (an evicted backed-up node is demoted, not dropped; a tree
-reset drops every host copy).
+Pure: reads the state the event applies to (its ``host`` tier) and returns
+an ``IndexPlan`` whose ``host_*`` fields say which device and host slots to
+copy.  Importing this module registers the planners.  How core events
+follow the tier (an evicted backed-up node is demoted, a tree reset drops
+every host copy) is planned with those events, in :mod:`kvstate.executor.plan_tree`.
+
+Which bytes move: ``Offload`` copies a device node's pages to its new host
+pages (the device copy stays); ``Load`` copies a host-only node's host pages
+onto fresh device pages; ``HostFree`` frees host pages (host bytes become
+garbage; nothing is copied).
 """
 
 from __future__ import annotations
 
-import attrs
+from typing import Any
 
-from kvstate.events import Event, Evict, Reset
-from kvstate.events_host import HostFree, Load, Offload
-from kvstate.executor.plan import IndexPlan, page_slots, plan_indices
-from kvstate.state_host import TieredState
+from kvstate.events import HostFree, Load, Offload
+from kvstate.executor.index_plan import IndexPlan, page_slots, plans
 
 
-def plan_tiered_indices(before: TieredState, after: TieredState, event: Event) -> IndexPlan:
-    size = before.core.geometry.page_size
+@plans(Offload)
+def _offload(before: Any, event: Offload) -> IndexPlan:
+    size = before.geometry.page_size
+    return IndexPlan(host_out_src=page_slots(before.nodes[event.node].pages, size),
+                     host_out_dst=page_slots(event.host_pages, size))
+
+
+@plans(Load)
+def _load(before: Any, event: Load) -> IndexPlan:
+    size = before.geometry.page_size
+    device = page_slots(event.pages, size)
+    return IndexPlan(host_in_src=page_slots(before.host.backup[event.node], size),
+                     host_in_dst=device, loaded_nodes=((event.node, device),))
+
+
+@plans(HostFree)
+def _host_free(before: Any, event: HostFree) -> IndexPlan:
     host = before.host
-    if isinstance(event, Offload):
-        return IndexPlan(host_out_src=page_slots(before.core.nodes[event.node].pages, size),
-                         host_out_dst=page_slots(event.host_pages, size))
-    if isinstance(event, Load):
-        return IndexPlan(host_in_src=page_slots(host.backup[event.node], size),
-                         host_in_dst=page_slots(event.pages, size), loaded_nodes=(event.node,))
-    if isinstance(event, HostFree):
-        pages = [page for node in event.nodes for page in host.backup[node]]
-        dropped = tuple(node for node in event.nodes if node in host.evicted)
-        return IndexPlan(host_freed=page_slots(pages, size), dropped_nodes=dropped)
-    plan = plan_indices(before.core, after.core, event)
-    if isinstance(event, Evict):
-        demoted = tuple(node for node in event.nodes if node in host.backup)
-        kept = tuple(node for node in plan.dropped_nodes if node not in host.backup)
-        return attrs.evolve(plan, dropped_nodes=kept, demoted_nodes=demoted)
-    if isinstance(event, Reset) and event.scope in ("tree", "all"):
-        pages = [page for pages in host.backup.values() for page in pages]
-        return attrs.evolve(plan, host_freed=page_slots(pages, size),
-                            dropped_nodes=plan.dropped_nodes + tuple(host.evicted.keys()))
-    return plan
+    pages = [page for node in event.nodes for page in host.backup[node]]
+    dropped = tuple(node for node in event.nodes if node in host.evicted)
+    return IndexPlan(host_freed=page_slots(pages, before.geometry.page_size), dropped_nodes=dropped)
