@@ -226,7 +226,7 @@ def test_block_granularity_needs_hashes(tmp_path: Path, capsys: pytest.CaptureFi
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0,40,3\n")
     assert main(["simulate", str(trace), "--capacity", "1k", "--granularity", "block"]) == 2
     assert "no hash blocks" in capsys.readouterr().err
-    assert main(["simulate", str(trace), "--capacity", "1k", "--json"]) == 0
+    assert main(["simulate", str(trace), "--capacity", "1k", "--json", "--force"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert (record["granularity"], record["block_size"], record["hit_rate_tokens"]) == ("token", 16, 0.0)
 

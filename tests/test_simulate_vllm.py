@@ -233,7 +233,7 @@ def test_cli_sweep_with_lru_and_vllm_writes_both(tmp_path: Path, capsys: pytest.
 
 @pytest.mark.parametrize("batching", [[], ["--max-running", "2"]])
 def test_cli_record_writes_a_replayable_block_mode_log(tmp_path: Path, batching: list[str]) -> None:
-    from kvstate.log import replay_path
+    from kvstate.replay import replay_path
 
     trace = write_trace(tmp_path / "t.jsonl")
     log = tmp_path / "run.kvlog"
@@ -317,7 +317,7 @@ def test_no_chain_position_loses_its_last_copy_while_a_descendant_stays_cached(
     case: list[tuple[list[int], int]], capacity: int, max_running: int, timing: list[tuple[int, int]]
 ) -> None:
     """Tails are freed first and hits touch every ancestor, so no gap forms, even batched."""
-    from kvstate.events_block import BlockUncache
+    from kvstate.events import BlockUncache
     from kvstate.simulate.batching import BatchingSimulator
     from kvstate.simulate.vllm_driver import VllmTraceSimulator
 

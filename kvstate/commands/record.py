@@ -3,8 +3,10 @@
     kvstate record --workload synthetic --requests N --seed S [--page-size P]
                    [--capacity TOKENS] -o LOG
 
-The same arguments always record the same log.  Exit 0 on success, 2 on a
-usage error.
+The same arguments always record the same log, and a recording of any
+length runs in flat memory.  A log of a real request trace comes from
+``kvstate simulate TRACE --record LOG`` (the planner and the rules, one trace
+block per page).  Exit 0 on success, 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import sys
 from typing import Any
 
 from kvstate.log.format import DEFAULT_CHECKPOINT_EVERY
-from kvstate.log.recorder import Recorder
-from kvstate.log.synthetic import SyntheticRun, WorkloadSpec, run_synthetic
 
 
 def register(subparsers: Any) -> None:
@@ -24,7 +24,8 @@ def register(subparsers: Any) -> None:
         "record", help="record a generated workload into a log", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=("synthetic",), default="synthetic",
-                        help="workload generator (trace workloads come later)")
+                        help="workload generator: seeded chat-like requests through the SGLang "
+                             "front end (to record a real trace: kvstate simulate TRACE --record LOG)")
     parser.add_argument("--requests", type=int, default=50, metavar="N")
     parser.add_argument("--seed", type=int, default=0, metavar="S")
     parser.add_argument("--page-size", type=int, default=1, metavar="P")
@@ -41,6 +42,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: the SGLang front end pulls in torch, which every other command can skip.
+    from kvstate.log.recorder import Recorder
+    from kvstate.workloads.synthetic import SyntheticRun, WorkloadSpec, run_synthetic
+
     try:
         spec = WorkloadSpec(requests=args.requests, seed=args.seed, page_size=args.page_size,
                             capacity=args.capacity, max_running=args.max_running)
@@ -73,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
                           "final_fingerprint": fingerprint, "ok": True}))
     else:
         print(f"recorded {recorder.count} events of {result.finished} requests "
-              f"({result.retracted} finished early on OOM, {result.dropped} dropped) to {args.output}; "
+              f"({result.retracted} finished early on OOM, {result.dropped} dropped) to {args.output} "
+              f"({spec.capacity // spec.page_size} pages of {spec.page_size} tokens); "
               f"final fingerprint {fingerprint}")
     return 0

@@ -163,7 +163,11 @@ def run_point(
         return runner.run(stream, request_count, progress)  # type: ignore[no-any-return]
     from kvstate.log.recorder import Recorder
 
-    meta = {"workload": "trace", "trace": name, "settings": repr(settings)}
+    # In block granularity one page (page_size 1) is one trace block of ``unit`` tokens: the header's
+    # tokens_per_slot says so (replay multiplies its token counts by it).
+    slot_tokens = unit if settings.granularity == "block" else 1
+    meta = {"workload": "trace", "trace": name, "settings": repr(settings),
+            "granularity": settings.granularity, "tokens_per_slot": slot_tokens}
     with Recorder(simulator.engine, record, meta=meta):
         return runner.run(stream, request_count, progress)  # type: ignore[no-any-return]
 

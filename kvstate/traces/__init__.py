@@ -4,9 +4,12 @@ Three formats are read (see each module): Mooncake JSONL (``mooncake``),
 kv-cache-tester conversations (``kvcache_tester``) and the Azure 2023 CSVs
 (``azure``).  Every reader is a lazy generator that holds at most one line or
 one conversation, keeps file order for equal arrival times, and raises
-``TraceFormatError`` naming the file and line of malformed input.  Prompt
-token ids are synthetic and reproduce the trace's prefix sharing exactly
-(``tokens``).  ``read_trace`` picks the reader from the path.
+``TraceFormatError`` naming the file and line of malformed input, including
+input past the documented bounds of ``limits`` (sizes, lengths, nesting,
+encoding): a trace is untrusted input.  Prompt token ids are synthetic and
+reproduce the trace's prefix sharing exactly (``tokens``).  ``read_trace``
+picks the reader from the path; ``sample.sample_trace`` gives the small trace
+shipped in the package.
 """
 
 from __future__ import annotations

@@ -15,19 +15,33 @@ Input can be the ``.tar.xz`` archive (read member by member with ``tarfile``'s
 streaming mode; nothing is extracted to disk), a directory of ``*.json`` files
 (sorted by name) or a single ``.json`` file.  Only one conversation is held in
 memory at a time.  Within a conversation, requests (subagent ones included) are
-ordered by arrival time, ties kept in document order.
+ordered by arrival time, ties kept in document order.  Input past the bounds
+of ``kvstate.traces.limits`` (document size, lengths, subagent nesting,
+encoding) raises ``TraceFormatError``: with the line for encoding and JSON
+syntax errors, with the JSON path (``requests[3].requests[0]``) for fields.
 """
 
 from __future__ import annotations
 
-import json
 import tarfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from kvstate.traces.limits import (
+    MAX_ARRIVAL_S,
+    MAX_BLOCK_SIZE,
+    MAX_DOCUMENT_BYTES,
+    MAX_REQUEST_TOKENS,
+    MAX_SUBAGENT_DEPTH,
+    decode_document,
+    length_problem,
+    max_hash_id,
+    parse_json,
+    short,
+)
 from kvstate.traces.records import TraceFormatError, TraceRequest
-from kvstate.traces.tokens import MAX_PRIVATE_TOKENS, prompt_tokens
+from kvstate.traces.tokens import prompt_tokens
 
 KVCACHE_TESTER_BLOCK_SIZE = 64
 LOCAL_ID_BITS = 32
@@ -39,7 +53,7 @@ def _documents(path: Path) -> Iterator[tuple[str, bytes]]:
     name = str(path)
     if path.is_dir():
         for document in sorted(path.glob("*.json")):
-            yield str(document), document.read_bytes()
+            yield str(document), _read_bounded(document)
         return
     if name.endswith((".tar.xz", ".txz", ".tar", ".tar.gz", ".tgz")):
         try:
@@ -47,6 +61,9 @@ def _documents(path: Path) -> Iterator[tuple[str, bytes]]:
                 for member in archive:
                     if not member.isfile() or not member.name.endswith(".json"):
                         continue
+                    if member.size > MAX_DOCUMENT_BYTES:  # checked before anything is decompressed
+                        raise TraceFormatError(f"{name}[{member.name}]", None,
+                                               f"document is larger than {MAX_DOCUMENT_BYTES} bytes")
                     extracted = archive.extractfile(member)
                     if extracted is None:  # pragma: no cover - isfile() members always extract
                         continue
@@ -54,27 +71,43 @@ def _documents(path: Path) -> Iterator[tuple[str, bytes]]:
         except (tarfile.TarError, EOFError, OSError) as error:
             raise TraceFormatError(name, None, f"unreadable archive: {error}") from None
         return
-    yield name, path.read_bytes()
+    yield name, _read_bounded(path)
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The bytes of one document file, refusing one over ``MAX_DOCUMENT_BYTES`` before reading it."""
+    if path.stat().st_size > MAX_DOCUMENT_BYTES:
+        raise TraceFormatError(str(path), None, f"document is larger than {MAX_DOCUMENT_BYTES} bytes")
+    return path.read_bytes()
 
 
 def _number(entry: dict[str, Any], field: str, where: str, doc: str) -> float:
     value = entry.get(field)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise TraceFormatError(doc, None, f"{where}: field {field!r} must be a number >= 0, got {value!r}")
+    # Compared as given (NaN fails, and a huge integer never reaches float()).
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_ARRIVAL_S:
+        raise TraceFormatError(
+            doc, None, f"{where}: field {field!r} must be a number in [0, {MAX_ARRIVAL_S}], "
+            f"got {short(value)}"
+        )
     return float(value)
 
 
 def _count(entry: dict[str, Any], field: str, where: str, doc: str) -> int:
     value = entry.get(field)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TraceFormatError(doc, None, f"{where}: field {field!r} must be an integer >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REQUEST_TOKENS:
+        raise TraceFormatError(
+            doc, None,
+            f"{where}: field {field!r} must be an integer in [0, {MAX_REQUEST_TOKENS}], got {short(value)}",
+        )
     return value
 
 
 def _flatten(
-    entries: Any, base_s: float, label: str, doc: str, block_size: int
+    entries: Any, base_s: float, label: str, doc: str, block_size: int, depth: int = 0
 ) -> Iterator[tuple[float, str, dict[str, Any]]]:
     """Yield ``(arrival_s, request label, entry)`` for every leaf request, subagents inlined."""
+    if depth > MAX_SUBAGENT_DEPTH:
+        raise TraceFormatError(doc, None, f"subagents nested more than {MAX_SUBAGENT_DEPTH} deep")
     if not isinstance(entries, list):
         raise TraceFormatError(doc, None, f"{label or 'top level'}: 'requests' must be a list")
     for index, entry in enumerate(entries):
@@ -83,33 +116,28 @@ def _flatten(
             raise TraceFormatError(doc, None, f"{where}: expected an object")
         start = base_s + _number(entry, "t", where, doc)
         if entry.get("type") == "subagent":
-            yield from _flatten(entry.get("requests"), start, f"{where}.", doc, block_size)
+            yield from _flatten(entry.get("requests"), start, f"{where}.", doc, block_size, depth + 1)
             continue
         prompt = _count(entry, "in", where, doc)
-        _count(entry, "out", where, doc)
+        problem = length_problem(prompt, _count(entry, "out", where, doc))
+        if problem is not None:
+            raise TraceFormatError(doc, None, f"{where}: {problem}")
         hash_ids = entry.get("hash_ids")
         if not isinstance(hash_ids, list):
             raise TraceFormatError(doc, None, f"{where}: 'hash_ids' must be a list")
         for value in hash_ids:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (1 << LOCAL_ID_BITS):
-                raise TraceFormatError(doc, None, f"{where}: hash id {value!r} is not a 32-bit id")
+                raise TraceFormatError(doc, None, f"{where}: hash id {short(value)} is not a 32-bit id")
         if len(hash_ids) != prompt // block_size:
             expected = prompt // block_size
             raise TraceFormatError(
                 doc, None, f"{where}: {len(hash_ids)} hash ids for in={prompt}; expected {expected}"
             )
-        if prompt - len(hash_ids) * block_size >= MAX_PRIVATE_TOKENS:  # pragma: no cover
-            raise TraceFormatError(doc, None, f"{where}: uncovered tail too long")
         yield start, where, entry
 
 
 def _load(doc: str, raw: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as error:
-        raise TraceFormatError(doc, error.lineno, f"invalid JSON: {error.msg}") from None
-    except UnicodeDecodeError as error:
-        raise TraceFormatError(doc, None, f"not UTF-8: {error.reason}") from None
+    data = parse_json(decode_document(raw, doc), doc)
     if not isinstance(data, dict):
         raise TraceFormatError(doc, 1, "expected a JSON object per conversation")
     return data
@@ -145,10 +173,17 @@ def read_kvcache_tester(
         if wanted is not None and trace_id not in wanted:
             continue
         block_size = data.get("block_size", KVCACHE_TESTER_BLOCK_SIZE)
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise TraceFormatError(doc, None, f"'block_size' must be a positive integer, got {block_size!r}")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or not (
+            1 <= block_size <= MAX_BLOCK_SIZE
+        ):
+            raise TraceFormatError(
+                doc, None, f"'block_size' must be an integer in [1, {MAX_BLOCK_SIZE}], "
+                f"got {short(block_size)}"
+            )
         leaves = sorted(_flatten(data.get("requests"), 0.0, "", doc, block_size), key=lambda leaf: leaf[0])
         namespace = conversation_index << LOCAL_ID_BITS
+        if namespace | ((1 << LOCAL_ID_BITS) - 1) > max_hash_id(block_size):  # token ids must fit 64 bits
+            raise TraceFormatError(doc, None, f"too many conversations for {block_size}-token blocks")
         last_s = 0.0
         for arrival_s, label, entry in leaves:
             if limit is not None and sequence >= limit:

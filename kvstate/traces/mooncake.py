@@ -8,18 +8,27 @@ tokens.  Ids are global within the file.
 
 The reader holds one line at a time, yields requests in file order (so equal
 timestamps keep their file order) and raises ``TraceFormatError`` naming the
-file and line for the first malformed line.  It never mutates anything it is
-given.
+file and line for the first malformed line, including input past the bounds
+of ``kvstate.traces.limits`` (lengths, hash ids, line size, encoding).  It
+never mutates anything it is given.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvstate.traces.limits import (
+    MAX_ARRIVAL_S,
+    MAX_BLOCK_SIZE,
+    MAX_REQUEST_TOKENS,
+    length_problem,
+    max_hash_id,
+    parse_json,
+    read_lines,
+    short,
+)
 from kvstate.traces.records import TraceFormatError, TraceRequest
 from kvstate.traces.tokens import prompt_tokens
 
@@ -29,9 +38,13 @@ MOONCAKE_BLOCK_SIZE = 512
 def _int_field(record: dict[str, Any], name: str, minimum: int, where: tuple[str, int]) -> int:
     value = record.get(name)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TraceFormatError(where[0], where[1], f"field {name!r} must be an integer, got {value!r}")
+        raise TraceFormatError(where[0], where[1], f"field {name!r} must be an integer, got {short(value)}")
     if value < minimum:
         raise TraceFormatError(where[0], where[1], f"field {name!r} must be >= {minimum}, got {value}")
+    if value > MAX_REQUEST_TOKENS:
+        raise TraceFormatError(
+            where[0], where[1], f"field {name!r} must be at most {MAX_REQUEST_TOKENS}, got {short(value)}"
+        )
     return value
 
 
@@ -40,25 +53,37 @@ def parse_mooncake_line(
 ) -> TraceRequest:
     """Parse one JSONL line into a ``TraceRequest`` (raises ``TraceFormatError``)."""
     where = (path, line_number)
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise TraceFormatError(path, line_number, f"invalid JSON: {error.msg}") from None
+    record = parse_json(line, path, line_number)
     if not isinstance(record, dict):
         raise TraceFormatError(path, line_number, "expected a JSON object")
     timestamp = record.get("timestamp")
     if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
-        raise TraceFormatError(path, line_number, f"field 'timestamp' must be a number, got {timestamp!r}")
-    if not math.isfinite(timestamp) or timestamp < 0:
-        raise TraceFormatError(path, line_number, f"field 'timestamp' must be >= 0, got {timestamp}")
+        raise TraceFormatError(
+            path, line_number, f"field 'timestamp' must be a number, got {short(timestamp)}"
+        )
+    # Compared as given: an integer too large for a float must not reach a float conversion.
+    if not 0 <= timestamp <= MAX_ARRIVAL_S * 1000:
+        raise TraceFormatError(
+            path, line_number,
+            f"field 'timestamp' must be in [0, {MAX_ARRIVAL_S * 1000}] ms, got {short(timestamp)}",
+        )
     input_length = _int_field(record, "input_length", 1, where)
     output_length = _int_field(record, "output_length", 0, where)
+    problem = length_problem(input_length, output_length)
+    if problem is not None:
+        raise TraceFormatError(path, line_number, problem)
     hash_ids = record.get("hash_ids")
     if not isinstance(hash_ids, list):
         raise TraceFormatError(path, line_number, "field 'hash_ids' must be a list of integers")
+    largest = max_hash_id(block_size)
     for value in hash_ids:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise TraceFormatError(path, line_number, f"hash id {value!r} is not a non-negative integer")
+            raise TraceFormatError(path, line_number, f"hash id {short(value)} is not a non-negative integer")
+        if value > largest:
+            raise TraceFormatError(
+                path, line_number, f"hash id {short(value)} is too large (at most {largest} for "
+                f"{block_size}-token blocks, so that token ids fit 64 bits)"
+            )
     block_count = -(-input_length // block_size)
     if len(hash_ids) != block_count:
         raise TraceFormatError(
@@ -95,18 +120,17 @@ def read_mooncake(
     Blank lines are skipped (but still counted for line numbers).  ``limit``
     stops after that many requests.  ``with_tokens=False`` leaves
     ``prompt_token_ids`` empty (``TraceRequest.token_ids()`` computes them on
-    demand), which block-level consumers use to skip the cost.  The file is closed when the generator is
-    exhausted or closed.
+    demand), which block-level consumers use to skip the cost.  The file is
+    closed when the generator is exhausted or closed.
     """
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must be in [1, {MAX_BLOCK_SIZE}], got {block_size}")
     name = str(path)
     sequence = 0
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if limit is not None and sequence >= limit:
-                return
-            if not line.strip():
-                continue
-            yield parse_mooncake_line(line, name, line_number, sequence, block_size, with_tokens)
-            sequence += 1
+    for line_number, line in read_lines(path, name):
+        if limit is not None and sequence >= limit:
+            return
+        if not line.strip():
+            continue
+        yield parse_mooncake_line(line, name, line_number, sequence, block_size, with_tokens)
+        sequence += 1

@@ -98,12 +98,23 @@ def build_frontend(spec: WorkloadSpec, *, keep_events: bool = True) -> Synthetic
     return SyntheticRun(engine, pool, allocator, cache)
 
 
+HISTORY_LENGTH = 16
+
+
 class _Prompts:
+    """The prompt generator: system prompts, plus the last ``HISTORY_LENGTH`` finished prompts.
+
+    A continuing request extends one of the most recent finished prompts, so
+    only those are kept (a bounded deque, not every prompt of the run): a
+    recording of any length runs in flat memory, and the draws, hence the
+    recorded events, are exactly those of keeping them all.
+    """
+
     def __init__(self, spec: WorkloadSpec, rng: random.Random) -> None:
         self.spec = spec
         self.rng = rng
         self.systems = [self.tokens(rng.randint(*spec.system_len)) for _ in range(spec.system_prompts)]
-        self.history: list[list[int]] = []
+        self.history: deque[list[int]] = deque(maxlen=HISTORY_LENGTH)
 
     def tokens(self, count: int) -> list[int]:
         return [self.rng.randrange(1, self.spec.vocab) for _ in range(count)]
@@ -112,7 +123,7 @@ class _Prompts:
         spec, rng = self.spec, self.rng
         turn = self.tokens(rng.randint(*spec.turn_len))
         if self.history and rng.random() < spec.continue_probability:
-            base = rng.choice(self.history[-16:])
+            base = rng.choice(self.history)
             if len(base) + len(turn) + spec.output_len[1] + 1 <= spec.row_width:
                 return base + turn
         return rng.choice(self.systems) + turn
