@@ -29,10 +29,6 @@ NOT_HERE = {
     "shared/traces/azure_llm_inference_2023/",  # tools/bench_kv_manager.py's default trace folder
     "traces/trace_NNNN.json",  # a file of the kv-cache-tester repository (docs/results.md)
 }
-# Docs other people are still moving off paths outside the repository; drop an
-# entry once its doc is clean.
-OUTSIDE_PENDING = {"checking.md", "benchmarks-checking.md"}
-
 _NAMES: set[str] | None = None
 
 
@@ -75,8 +71,6 @@ def test_relative_links_resolve(doc: Path) -> None:
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_paths_outside_the_repository(doc: Path) -> None:
-    if doc.name in OUTSIDE_PENDING and doc.parent.name == "docs":
-        pytest.skip("being cleaned up by its owner")
     assert "../shared" not in doc.read_text(encoding="utf-8")
 
 

@@ -14,7 +14,7 @@ from kvstate.checking import run_check
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["core6", "planner-paged", "planner-deep"])
+@pytest.mark.parametrize("name", ["core6", "planner-paged", "planner-deep", "block-deep"])
 def test_nightly_scope(name, tmp_path):
     report = run_check(name, log_dir=tmp_path)
     assert report.violation is None, report.as_json()["violations"]

@@ -231,3 +231,38 @@ def test_planner_fifo_is_not_kvcache_simulators_fifo() -> None:
     assert (planner.hit_tokens, planner.total_tokens) == (4 * BLOCK, 8 * BLOCK)
     assert planner.hit_tokens == sim.leaf_lru(trace, 3).hit_tokens
     assert sim.fifo(trace, 3).hit_tokens == 2 * BLOCK  # only the S hits of requests 2 and 3
+
+
+def test_builtin_priorities_and_the_loader_in_one_fast_pass() -> None:
+    """The built-in orders on one small tree, LFU's history, and every loader error (no search:
+    this is the policy test the mutation run (tools/mutation.py) uses)."""
+    from kvstate import apply_all, initial_state
+    from kvstate.events import Allocate, Evict, Insert, Split, Touch
+    from kvstate.planner.policy import BUILTIN_POLICIES, LeafFIFO, LeafLFU, LeafLRU, require_policy
+    from kvstate.state import Geometry
+
+    state = apply_all(initial_state(Geometry(num_pages=4, num_rows=1)), [
+        Allocate((1, 2, 3)), Insert(0, (1,), (1,), 1, 1, 0), Insert(0, (2, 3), (2, 3), 2, 2, 0),
+        Touch((1,), 3)])  # node 1 is newer by access, older by creation
+    assert LeafLRU().victims(state, 1) == [2] and LeafFIFO().victims(state, 1) == [1]
+    assert LeafLRU().victims(state, 3) == [2, 1]
+    lfu = LeafLFU()
+    lfu.observe([Touch((2,), 4), Touch((2,), 5), Split(2, 1, 3, 6), Touch((1,), 7)])
+    assert lfu.counts == {2: 2, 3: 2, 1: 1}
+    assert lfu.victims(state, 1) == [1]  # fewest accesses first, whatever the recency
+    lfu.observe([Evict((1,))])
+    assert 1 not in lfu.counts
+    assert LeafLRU().at_head(state) is False
+    assert LeafLRU().at_head(initial_state(Geometry(num_pages=2, page_size=2))) is True
+    assert {name: type(load_policy(name)) for name in BUILTIN_POLICIES} == BUILTIN_POLICIES
+    assert load_policy("lfu") is not load_policy("lfu")
+    for name, message in [("nope", "use one of fifo, lfu, lru or module:Class"),
+                          ("no_such_module_here:X", "cannot import"),
+                          ("kvstate.planner.policy:Nothing", "has no 'Nothing'"),
+                          ("kvstate.planner.policy:PolicyError", "lacks victims"),
+                          ("kvstate.planner.policy:EvictionPolicy", r"EvictionPolicy\(\) failed")]:
+        with pytest.raises(PolicyError, match=message):
+            load_policy(name)
+    with pytest.raises(PolicyError, match=r"^mine: object lacks victims\(state, num_tokens\), "
+                                          r"at_head\(state\), observe\(events\);"):
+        require_policy(object(), "mine")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from kvstate.checking.explorer import Report, Violation, explore, random_walks
+from kvstate.checking.explorer import ProgressHook, Report, Violation, explore, random_walks
 from kvstate.checking.levels import EventLevel
 from kvstate.checking.planner_level import PlannerLevel
 from kvstate.checking.scopes import SCOPES, Scope
@@ -43,30 +43,36 @@ def make_level(scope: Scope, policy: Any = None, *, check_model: bool = True,
 def run_check(scope: Scope | str, *, policy: Any = None, max_depth: int | None = None,
               state_limit: int | None = None, walks: int = 0, walk_depth: int = 50,
               seed: int = 0, check_model: bool = True, symmetry: bool | None = None,
-              log_dir: str | pathlib.Path | None = "replay/failures", workers: int = 1) -> Report:
+              log_dir: str | pathlib.Path | None = "replay/failures", workers: int = 1,
+              progress: ProgressHook | None = None) -> Report:
     """Explore ``scope`` (BFS, or ``walks`` random walks); write a log on a violation.
 
     ``workers`` > 1 runs the BFS on that many processes (``checking.parallel``):
-    the same unique states, edges and depth for a complete run.
+    the same unique states, edges and depth for a complete run.  ``progress``,
+    if given, is called with (unique states, depth, edges) as the search goes.
     """
     resolved = SCOPES[scope] if isinstance(scope, str) else scope
     level = make_level(resolved, policy, check_model=check_model, symmetry=symmetry)
     # The SOMETIMES probes describe radix-tree behaviour; the vLLM level has its own edge checks.
     probes: tuple[str, ...] | None = () if resolved.level == "vllm" else None
     if walks:
-        report = random_walks(level, walks=walks, depth=walk_depth, seed=seed, probes=probes)
+        report = random_walks(level, walks=walks, depth=walk_depth, seed=seed, probes=probes,
+                              progress=progress)
     elif workers > 1:
         from kvstate.checking.parallel import explore_parallel
 
         report = explore_parallel(level, workers=workers, max_depth=max_depth,
-                                  state_limit=state_limit, probes=probes)
+                                  state_limit=state_limit, probes=probes, progress=progress)
     else:
-        report = explore(level, max_depth=max_depth, state_limit=state_limit, probes=probes)
+        report = explore(level, max_depth=max_depth, state_limit=state_limit, probes=probes,
+                         progress=progress)
     if report.violation is not None and log_dir is not None:
         from kvstate.checking.counterexample import write_log
 
         name = "-".join(report.violation.names)
         path = pathlib.Path(log_dir) / f"explore-{name}-{resolved.name}.msgpack"
-        geometry = level.state(level.initial()).geometry  # block mode for the vLLM level
-        report.log_path = str(write_log(path, geometry, report.violation))
+        initial = level.state(level.initial())  # block mode for the vLLM level
+        host_pages = 0 if initial.host is None else initial.host.num_pages
+        report.log_path = str(write_log(path, initial.geometry, report.violation,
+                                        host_pages=host_pages))
     return report

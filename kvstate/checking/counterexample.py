@@ -31,38 +31,39 @@ def format_violation(violation: Violation) -> str:
 
 
 def write_log(path: str | pathlib.Path, geometry: Geometry, violation: Violation,
-              origin: str = "explore", note: str = "") -> pathlib.Path:
+              origin: str = "explore", note: str = "", host_pages: int = 0) -> pathlib.Path:
     steps = [[step.label, len(step.events)] for step in violation.path]
     return write_event_log(path, geometry, violation.events(), list(violation.names),
-                           origin=origin, note=note, steps=steps)
+                           origin=origin, note=note, steps=steps, host_pages=host_pages)
 
 
 def write_event_log(path: str | pathlib.Path, geometry: Geometry, events: list[Event],
                     violation: list[str] | None, *, origin: str, note: str = "",
-                    steps: list[Any] | None = None) -> pathlib.Path:
+                    steps: list[Any] | None = None, host_pages: int = 0) -> pathlib.Path:
     """Write ``events`` as a replayable ``kvstate.log`` file (overwrites ``path``).
 
     The header's ``meta`` carries ``expect`` (the violated properties), ``origin``,
     ``note`` and ``steps``.  No end record is written when the last event is one
     the rules reject (the log then ends on the event to look at).
     """
+    from kvstate.backends.persistent import apply_valid as apply
     from kvstate.errors import InvalidEvent
     from kvstate.log.writer import LogWriter, make_header
-    from kvstate.backends.persistent import apply_valid as apply
     from kvstate.state import initial_state
 
     target = pathlib.Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     meta = {"expect": {"violation": violation}, "origin": origin, "note": note,
             "steps": steps or []}
-    state: Any = initial_state(geometry)
+    state: Any = initial_state(geometry, host_pages=host_pages)
     for event in events:
         try:
             state = apply(state, event)
         except InvalidEvent:
             state = None
             break
-    writer = LogWriter(target, make_header(geometry, checkpoint_every=0, meta=meta), fsync=False)
+    header = make_header(geometry, checkpoint_every=0, meta=meta, host_pages=host_pages)
+    writer = LogWriter(target, header, fsync=False)
     writer.write_events(events)
     writer.close(state.fingerprint() if state is not None else None)
     return target

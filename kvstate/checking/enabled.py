@@ -17,7 +17,7 @@ from itertools import product
 
 from kvstate import events as ev
 from kvstate.checking.scopes import Scope
-from kvstate.state import DETACHED, ROOT, State
+from kvstate.state import DETACHED, ROOT, RequestId, State
 
 
 def _page_slots(page: int, size: int) -> tuple[int, ...]:
@@ -29,6 +29,11 @@ def _keys(scope: Scope, num_pages: int) -> Iterator[tuple[int, ...]]:
 
 
 def candidate_events(state: State, scope: Scope) -> Iterator[ev.Event]:
+    if state.geometry.mode == "block":
+        from kvstate.checking.enabled_extra import block_candidates
+
+        yield from block_candidates(state, scope)
+        return
     kinds = set(scope.kinds)
     size = state.geometry.page_size
     free = sorted(state.free_pages)
@@ -115,6 +120,10 @@ def candidate_events(state: State, scope: Scope) -> Iterator[ev.Event]:
     if "reset" in kinds:
         for scope_name in ("tree", "rows", "pages", "all"):
             yield ev.Reset(scope_name)
+    if kinds & {"scatter", "free_mapped", "offload", "load", "host_free"}:
+        from kvstate.checking.enabled_extra import extra_candidates
+
+        yield from extra_candidates(state, scope, requests, detached, clock)
 
 
 def _inserts(state: State, scope: Scope, requests: list, detached: list[int],
@@ -122,7 +131,7 @@ def _inserts(state: State, scope: Scope, requests: list, detached: list[int],
     """Insert runs of whole pages an owner holds (a request's own pages in table order, or
     DETACHED pages in id order) under every node, with every key of that many pages."""
     size = state.geometry.page_size
-    runs: list[tuple[object, tuple[int, ...]]] = []
+    runs: list[tuple[RequestId, tuple[int, ...]]] = []
     for count in range(1, scope.max_key_pages + 1):
         for start in range(0, len(detached) - count + 1):
             runs.append((DETACHED, tuple(detached[start:start + count])))

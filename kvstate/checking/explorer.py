@@ -16,12 +16,15 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
 
 from kvstate.checking.levels import Level, Step
+
+# ``progress(unique states, depth, edges)``: optional, called as the search goes (the CLI's bar).
+ProgressHook = Callable[[int, int, int], None]
 
 
 @attrs.frozen
@@ -138,13 +141,15 @@ def fail_report(level: Level, report: Report, indices: list[int], found: list[tu
 
 
 def explore(level: Level, *, max_depth: int | None = None, state_limit: int | None = None,
-            probes: Iterable[str] | None = None) -> Report:
-    """Exhaustive BFS up to ``max_depth`` (the scope's by default)."""
+            probes: Iterable[str] | None = None, progress: ProgressHook | None = None) -> Report:
+    """Exhaustive BFS up to ``max_depth`` (the scope's by default); ``probes``: the
+    SOMETIMES probes to witness (the scope's by default); ``progress``: called with
+    (unique states, depth, edges) as the search goes."""
     from specs.invariants import SOMETIMES
 
     scope = level.scope
     depth_bound = scope.max_depth if max_depth is None else max_depth
-    names = list(SOMETIMES) if probes is None else list(probes)
+    names = list(scope.probes) if probes is None else list(probes)
     pending = {name: SOMETIMES[name] for name in names}
     hits: dict[str, int] = {}
     report = Report(scope.name, scope.level, "bfs")
@@ -164,6 +169,8 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
     while frontier:
         world, fp, depth = frontier.popleft()
         report.max_depth = max(report.max_depth, depth)
+        if progress is not None:
+            progress(len(parent), depth, report.edges)
         if depth >= depth_bound:
             continue
         previous = parent[fp][2]
@@ -194,12 +201,12 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
 
 
 def random_walks(level: Level, *, walks: int, depth: int, seed: int = 0,
-                 probes: Iterable[str] | None = None) -> Report:
+                 probes: Iterable[str] | None = None, progress: ProgressHook | None = None) -> Report:
     """``walks`` seeded random walks of up to ``depth`` steps; counts distinct states seen."""
     from specs.invariants import SOMETIMES
 
     rng = random.Random(seed)
-    names = list(SOMETIMES) if probes is None else list(probes)
+    names = list(level.scope.probes) if probes is None else list(probes)
     pending = {name: SOMETIMES[name] for name in names}
     hits: dict[str, int] = {}
     report = Report(level.scope.name, level.scope.level, f"walk(seed={seed})")
@@ -234,6 +241,8 @@ def random_walks(level: Level, *, walks: int, depth: int, seed: int = 0,
                                        cpu_started)
             world, previous = step.world, step.events
             report.max_depth = max(report.max_depth, len(indices))
+        if progress is not None:
+            progress(len(seen), report.max_depth, report.edges)
     report.seconds = time.perf_counter() - started
     report.cpu_seconds = time.process_time() - cpu_started
     report.unique_states = len(seen)

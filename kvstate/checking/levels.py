@@ -21,11 +21,11 @@ from typing import Any, Protocol
 import attrs
 
 from kvstate import events as ev
+from kvstate.backends.persistent import apply_valid as apply
 from kvstate.checking.enabled import candidate_events
 from kvstate.checking.scopes import Scope
 from kvstate.checking.views import event_view, plain_view
 from kvstate.errors import InvalidEvent
-from kvstate.backends.persistent import apply_valid as apply
 from kvstate.state import Geometry, State, initial_state
 
 
@@ -48,7 +48,8 @@ class Level(Protocol):
 
 def geometry_of(scope: Scope) -> Geometry:
     return Geometry(num_pages=scope.num_pages, page_size=scope.page_size,
-                    num_rows=scope.num_rows, row_width=scope.num_pages * scope.page_size)
+                    num_rows=scope.num_rows, row_width=scope.num_pages * scope.page_size,
+                    mode=scope.mode)
 
 
 def check_refinement(before: State, event: ev.Event, after: State | None,
@@ -57,7 +58,7 @@ def check_refinement(before: State, event: ev.Event, after: State | None,
 
     ``model_before`` may pass ``abstract(before)`` when the caller already has it.
     """
-    from specs.abstraction import abstract, diff
+    from specs.abstraction import abstract, agrees_step, diff
     from specs.model import ModelReject, step
 
     if model_before is None:
@@ -70,10 +71,9 @@ def check_refinement(before: State, event: ev.Event, after: State | None,
         return [("refines", f"rules accepted {event!r}, the spec rejects it: {exc}")]
     if after is None:
         return [("refines", f"rules rejected {event!r} ({error}), the spec accepts it")]
-    got = abstract(after)
-    if got != model_after:
+    if not agrees_step(before, model_before, after, model_after):
         return [("refines", f"after {event!r} the rules and the spec differ in "
-                            f"{diff(got, model_after)}")]
+                            f"{diff(abstract(after), model_after)}")]
     return []
 
 
@@ -90,10 +90,13 @@ class EventLevel:
         self.scope = scope
         self.check_model = check_model
         self.symmetry = scope.symmetry if symmetry is None else symmetry
+        if self.symmetry and (scope.mode != "radix" or scope.host_pages):
+            raise ValueError(f"scope {scope.name!r}: symmetry reduction is sound only for "
+                             "radix scopes without a host tier")
         self.geometry = geometry_of(scope)
 
     def initial(self) -> State:
-        return initial_state(self.geometry)
+        return initial_state(self.geometry, host_pages=self.scope.host_pages)
 
     def state(self, world: State) -> State:
         return world

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from kvstate.checking.explorer import Report, _always, _probes, fail_report, path_to
+from kvstate.checking.explorer import ProgressHook, Report, _always, _probes, fail_report, path_to
 from kvstate.checking.levels import Level
 
 Edge = tuple[bytes, int, bytes]  # parent fp, step index, child fp
@@ -136,15 +136,14 @@ def _balance(made: list[list[bytes]]) -> tuple[list[list[bytes]], list[list[tupl
 
 def explore_parallel(level: Level, *, workers: int = 2, max_depth: int | None = None,
                      state_limit: int | None = None, probes: Iterable[str] | None = None,
-                     round_size: int = 512) -> Report:
+                     round_size: int = 512, progress: ProgressHook | None = None) -> Report:
     """Exhaustive BFS like :func:`kvstate.checking.explorer.explore`, on ``workers`` processes."""
-    from specs.invariants import SOMETIMES
 
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     scope = level.scope
     depth_bound = scope.max_depth if max_depth is None else max_depth
-    names = list(SOMETIMES) if probes is None else list(probes)
+    names = list(scope.probes) if probes is None else list(probes)
     pending = list(names)
     hits: dict[str, int] = {}
     report = Report(scope.name, scope.level, f"bfs({workers} workers)")
@@ -185,6 +184,8 @@ def explore_parallel(level: Level, *, workers: int = 2, max_depth: int | None = 
                     hits.update((name, 1) for name in found_hits if name in pending)
                 pending = [name for name in pending if name not in hits]
                 cut = _admit(answers, parent, made, state_limit)
+                if progress is not None:
+                    progress(len(parent), depth, report.edges)
                 if cut:
                     break
             for pipe in pipes:

@@ -40,6 +40,7 @@ from typing import Any
 import attrs
 
 from kvstate import events as ev
+from kvstate.backends.persistent import apply_valid as apply
 from kvstate.checking.levels import Step, check_refinement, edge_checks, geometry_of
 from kvstate.checking.policy_props import check_victims
 from kvstate.checking.scopes import Scope
@@ -51,7 +52,6 @@ from kvstate.planner.evict import Victims, plan_evict_nodes
 from kvstate.planner.policy import EvictionPolicy, LeafLRU, require_policy
 from kvstate.planner.requests import RequestCursor, plan_checkpoint, plan_release
 from kvstate.planner.tree_ops import plan_match
-from kvstate.backends.persistent import apply_valid as apply
 from kvstate.state import ROOT, State, initial_state, path_to_root
 
 

@@ -12,6 +12,14 @@ import attrs
 
 EVENT_KINDS = ("rows", "allocate", "append", "assign", "share", "truncate", "free", "copy",
                "insert", "split", "touch", "lock", "evict", "reset")
+# Kinds of the newer events, enabled only by the scopes that name them (EVENT_KINDS, the
+# default, keeps the pinned radix scopes' exact candidate lists).
+EXTRA_KINDS = ("scatter", "free_mapped", "block_alloc", "block_hold", "block_release",
+               "block_cache", "block_uncache", "block_clear", "offload", "load", "host_free")
+BLOCK_KINDS = ("rows", "block_alloc", "block_hold", "block_release", "block_cache",
+               "block_uncache", "block_clear", "reset")
+RADIX_PROBES = ("shared_page", "split", "evict_under_partial_locks", "alloc_needed_eviction",
+                "cached_page_revived")
 COMMANDS = ("admit", "extend", "decode", "checkpoint", "finish", "retract", "evict")
 
 
@@ -29,11 +37,18 @@ class Scope:
     prompt_lengths: tuple[int, ...] = ()  # planner level: prompt lengths admitted
     symmetry: bool = True
     description: str = ""
+    mode: str = "radix"  # "block": vLLM's block pool (kvstate.events.block)
+    host_pages: int = 0  # > 0: the state has a host tier of that many pages
+    probes: tuple[str, ...] = RADIX_PROBES  # the SOMETIMES probes a complete run must hit
 
     def __attrs_post_init__(self) -> None:
         if self.level not in ("event", "planner", "vllm"):
             raise ValueError(f"level must be 'event', 'planner' or 'vllm', got {self.level!r}")
-        allowed = EVENT_KINDS if self.level == "event" else COMMANDS
+        if self.symmetry and self.level == "event" and (self.mode != "radix" or self.host_pages):
+            # event_view drops the free-list order, which block allocation and the
+            # head-only host candidates depend on.
+            raise ValueError("symmetry reduction is sound only for radix scopes without a host tier")
+        allowed = EVENT_KINDS + EXTRA_KINDS if self.level == "event" else COMMANDS
         unknown = set(self.kinds) - set(allowed)
         if unknown:
             raise ValueError(f"unknown kinds for {self.level} level: {sorted(unknown)}")
@@ -60,12 +75,43 @@ _add(Scope("core6", "event", num_pages=3, page_size=1, num_rows=2, vocab=2, max_
            kinds=("rows", "allocate", "append", "free", "insert", "split", "evict", "lock",
                   "assign"),
            max_key_pages=2, description="the six core kinds (allocate, append, free, split, "
-                                        "insert, evict) plus rows/locks/assign; >= 1M states"))
+                                        "insert, evict) plus rows/locks/assign; 37,459 states"))
 _add(Scope("core6-1m", "event", num_pages=4, page_size=1, num_rows=2, vocab=2, max_depth=9,
            kinds=("rows", "allocate", "append", "free", "insert", "split", "evict", "lock",
                   "assign"),
            max_key_pages=2, description="benchmark: the six core kinds over 4 pages; "
-                                        ">= 1M unique states (minutes; not in CI)"))
+                                        "over a million states (benchmarked to 1,000,000; minutes; not in CI)"))
+_add(Scope("rows-sglang", "event", num_pages=3, page_size=1, num_rows=2, vocab=2, max_depth=7,
+           kinds=("rows", "allocate", "assign", "scatter", "free_mapped", "free", "truncate",
+                  "insert", "lock"),
+           probes=("dangling_rewritten", "scatter_two_rows", "shared_page"),
+           description="SGLang's row writes and frees under a row: Scatter, FreeMapped "
+                       "(dangling entries), Assign, Truncate; pinned in CI"))
+_add(Scope("rows-sglang-paged", "event", num_pages=2, page_size=2, num_rows=2, vocab=2,
+           max_depth=7, kinds=("rows", "allocate", "assign", "scatter", "free_mapped", "free",
+                               "truncate", "insert", "lock"),
+           probes=("dangling_rewritten", "scatter_two_rows", "shared_page"),
+           description="rows-sglang with 2-slot pages (partial pages under Scatter); CI"))
+_add(Scope("block", "event", num_pages=3, page_size=1, num_rows=0, vocab=2, max_depth=4,
+           kinds=BLOCK_KINDS, mode="block", symmetry=False,
+           probes=("block_revived", "hollow_node", "shared_block"),
+           description="vLLM block mode: every block event, pool and request holders, "
+                       "hollow nodes, null blocks; pinned in CI"))
+_add(Scope("block-paged", "event", num_pages=2, page_size=2, num_rows=0, vocab=2, max_depth=4,
+           kinds=BLOCK_KINDS, mode="block", symmetry=False,
+           probes=("block_revived", "hollow_node", "shared_block"),
+           description="the block scope with 2-token blocks; pinned in CI"))
+_add(Scope("block-deep", "event", num_pages=3, page_size=1, num_rows=0, vocab=2, max_depth=5,
+           kinds=BLOCK_KINDS, mode="block", symmetry=False,
+           probes=("block_revived", "hollow_node", "shared_block"),
+           description="nightly: the block scope one event deeper (about 48k states)"))
+_add(Scope("host", "event", num_pages=3, page_size=1, num_rows=1, vocab=2, max_depth=6,
+           kinds=("rows", "allocate", "insert", "split", "lock", "evict", "offload", "load",
+                  "host_free", "reset"),
+           max_key_pages=2, host_pages=3, symmetry=False,
+           probes=("evicted_to_host", "host_only_loaded", "split"),
+           description="the host tier: offload, load, host free and how insert, split, "
+                       "evict and reset follow it; pinned in CI"))
 _add(Scope("planner", "planner", num_pages=3, page_size=1, num_rows=2, vocab=2, max_depth=5,
            kinds=COMMANDS, prompt_lengths=(1, 2), symmetry=False,
            description="SGLang flows through the planner, P=1; pinned in CI"))

@@ -14,7 +14,10 @@ Three views, all 128-bit blake2b digests of a msgpack encoding:
     renaming of each other have renamed successor sets, and every property in
     ``specs.invariants`` is invariant under renaming (row 0 and page 0 are
     never renamed to or from).  The free-list and free-row *order* is also
-    dropped: no event's legality depends on it.  Row generations are dropped
+    dropped: no event's legality depends on it.  Each table keeps its dangling
+    entries (indices, which renaming does not touch).  Block-mode and host-tier
+    states are not reduced (``Scope`` refuses symmetry there: block allocation
+    and the host candidates take the head of a free list).  Row generations are dropped
     (they count reuse and affect nothing).  The renaming is computed by a
     deterministic traversal (tree in child-key order, then requests sorted by
     content), so equal views always mean symmetric states; symmetric states
@@ -75,7 +78,7 @@ def event_view(state: State) -> bytes:
         rid, record = item
         pages = tuple(page_label.get(p, 0) for p in record.pages)
         shared = tuple(len(holders.get(p, ())) for p in record.pages)
-        return (record.allocated, record.committed, pages, shared, str(rid))
+        return (record.allocated, record.committed, pages, shared, tuple(record.dangling), str(rid))
 
     requests = sorted(state.requests.items(), key=signature)
     request_label = {rid: index + 1 for index, (rid, _) in enumerate(requests)}
@@ -95,7 +98,8 @@ def event_view(state: State) -> bytes:
     tree = [[node_label.get(nodes[n].parent, -1), list(nodes[n].key),
              [page_label[p] for p in nodes[n].pages], nodes[n].lock_ref,
              time_rank[nodes[n].last_access]] for n in order]
-    tables = [[r.allocated, r.committed, [page_label.get(p, 0) for p in r.pages]] for _, r in requests]
+    tables = [[r.allocated, r.committed, [page_label.get(p, 0) for p in r.pages], list(r.dangling)]
+              for _, r in requests]
     return digest([tree, tables, held, detached, len(state.free_pages), len(state.free_rows),
                    time_rank[state.clock]])
 

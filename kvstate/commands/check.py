@@ -16,17 +16,27 @@ planner-level scope the policy's answers are checked too (``victims_evictable``,
 
 Exits 0 when no property is violated and every SOMETIMES probe was hit, 1
 otherwise (a violation also writes its counterexample under ``--log-dir``),
-2 on a usage error, including a policy that cannot be loaded.
+2 on a usage error, including a policy that cannot be loaded.  Progress
+(unique states, depth, rate; ETA with --max-states or --walks) is shown on
+a terminal, and as a plain line every few seconds with --progress
+elsewhere; a scope known to take minutes on one process gets a one-line
+warning naming --workers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from kvstate.commands._advice import check_advice, warn
+from kvstate.commands._progress import Progress, add_progress_option, progress_mode
 from kvstate.planner.policy import PolicyError, load_policy
 from kvstate.simulate.policies import VLLM_POLICY
 
@@ -81,7 +91,56 @@ def register(subparsers: Any) -> None:
                              "default 1)")
     parser.add_argument("--log-dir", default="replay/failures",
                         help="where counterexample logs go (default replay/failures)")
+    add_progress_option(parser)
     parser.set_defaults(func=run)
+
+
+@contextmanager
+def _search_progress(args: argparse.Namespace, scope_depth: int) -> Iterator[tuple[Progress, Any]]:
+    """The progress of one search and the ``run_check`` hook that feeds it.
+
+    Breadth-first search counts unique states (out of ``--max-states`` when
+    given, which makes an ETA); random walks count walks (out of ``--walks``).
+    """
+    mode = progress_mode(args.progress)
+    bound = scope_depth if args.depth is None else args.depth
+    if args.walks:
+        bar = Progress(f"check {args.scope}", total=args.walks, unit="walks", mode=mode)
+        walked = [0]
+
+        def hook(states: int, depth: int, edges: int) -> None:
+            walked[0] += 1
+            bar.update(walked[0], f"{states:,} states, depth {depth}")
+    else:
+        bar = Progress(f"check {args.scope}", total=args.max_states, unit="states", mode=mode,
+                       unit_scale=True)
+
+        def hook(states: int, depth: int, edges: int) -> None:
+            bar.update(states, f"depth {depth}/{bound}, {edges:,} edges")
+    with bar:
+        yield bar, hook
+
+
+@contextmanager
+def _quiet_workers() -> Iterator[None]:
+    """Ctrl-C reaches the whole process group: ``--workers`` children leave without a traceback.
+
+    The forked search workers inherit this handler; in them it exits at
+    once (they hold nothing to clean up), and the parent raises
+    ``KeyboardInterrupt`` as usual, which ``kvstate.cli`` reports in one line.
+    """
+    parent = os.getpid()
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        if os.getpid() != parent:
+            os._exit(130)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,12 +185,15 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"compare": compared}))
         return 0
-    report = run_check(args.scope, policy=policy, max_depth=args.depth,
-                       state_limit=args.max_states, walks=args.walks,
-                       walk_depth=args.walk_depth, seed=args.seed,
-                       check_model=not args.no_model,
-                       symmetry=False if args.no_symmetry else None, log_dir=args.log_dir,
-                       workers=args.workers)
+    for message in check_advice(args.scope, args.workers, args.walks, args.max_states):
+        warn("check", message)
+    with _search_progress(args, SCOPES[args.scope].max_depth) as (bar, hook), _quiet_workers():
+        report = run_check(args.scope, policy=policy, max_depth=args.depth,
+                           state_limit=args.max_states, walks=args.walks,
+                           walk_depth=args.walk_depth, seed=args.seed,
+                           check_model=not args.no_model,
+                           symmetry=False if args.no_symmetry else None, log_dir=args.log_dir,
+                           workers=args.workers, progress=hook if bar.mode != "off" else None)
     if args.json:
         print(json.dumps({**report.as_json(), **({"compare": compared} if compared else {})}))
     else:

@@ -3,7 +3,9 @@
 * ``strategies``: hypothesis strategies for token sequences, page-boundary
   lengths, machine scopes and request workloads.
 * ``SpecMachine``: a hypothesis ``RuleBasedStateMachine`` that drives the
-  reducer (or your override of ``apply_event``) and the spec model side by side.
+  persistent backend (or your override of ``apply_event``), a live backend
+  and the spec model side by side; ``BlockSpecMachine`` and
+  ``HostSpecMachine`` do the same in vLLM's block mode and with a host tier.
 * ``check_policy(policy, scope)``: explore a planner-level scope with your
   ``EvictionPolicy`` (``kvstate.planner.policy``) against the spec and the
   policy rules (``victims_evictable``, ``victims_enough``, ``victims_minimal``,
@@ -61,12 +63,18 @@ def check_policy(policy: EvictionPolicy | str, scope: Scope | str = "planner", *
 
 
 def __getattr__(name: str) -> Any:
-    if name == "SpecMachine":  # hypothesis.stateful is only imported when asked for
+    # hypothesis.stateful is only imported when a machine is asked for
+    if name == "SpecMachine":
         from kvstate.testing.machine import SpecMachine
 
         return SpecMachine
+    if name in ("BlockSpecMachine", "HostSpecMachine"):
+        from kvstate.testing import machines
+
+        return getattr(machines, name)
     raise AttributeError(name)
 
 
-__all__ = ["EvictionPolicy", "LeafPolicy", "MachineScope", "PolicyViolation", "SpecMachine",
-           "boundary_lengths", "check_policy", "machine_scopes", "token_sequences", "workloads"]
+__all__ = ["BlockSpecMachine", "EvictionPolicy", "HostSpecMachine", "LeafPolicy", "MachineScope",
+           "PolicyViolation", "SpecMachine", "boundary_lengths", "check_policy", "machine_scopes",
+           "token_sequences", "workloads"]

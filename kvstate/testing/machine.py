@@ -1,13 +1,11 @@
-"""``SpecMachine``: a hypothesis state machine that drives the rules and the spec model
-side by side.
+"""``SpecMachine``: the radix-mode state machine over both backends and the spec model.
 
-Every step goes through :meth:`SpecMachine.step`, the single choke point: the
-event is applied by the persistent backend (through the overridable :meth:`apply_event`)
-and to ``specs.model``; both must accept or both reject, and after an
-accepted step ``abstract(state) == model``, every ALWAYS property holds and
-every TRANSITIONS property holds on the edge.  On a failure the events so
-far are written to ``replay/failures/<MachineName>.msgpack`` (each failing
-run overwrites it, so the file ends up holding hypothesis's shrunk example).
+Every step goes through ``BackendsMachine.step`` (``kvstate.testing.backends_machine``):
+the persistent backend, a live backend and ``specs.model`` side by side.
+The rules here open and close rows, grow tables across page boundaries,
+commit, truncate, publish pages into the tree, lock, split and evict, share
+cached pages, and draw any candidate fact event the explorer would try
+(including ``Scatter`` and ``FreeMapped``).
 
 Subclass it to check your own executor or rule variant: override
 ``apply_event`` (and call ``super().apply_event``), or add rules that call
@@ -16,98 +14,30 @@ Subclass it to check your own executor or rule variant: override
 
 from __future__ import annotations
 
-import pathlib
 from typing import Any
 
-from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    consumes,
-    initialize,
-    invariant,
-    multiple,
-    rule,
-)
+from hypothesis.stateful import Bundle, consumes, initialize, multiple, rule
 
 from kvstate import events as ev
-from kvstate.checking.enabled import candidate_events
-from kvstate.checking.scopes import Scope
-from kvstate.errors import InvalidEvent
-from kvstate.backends.persistent import apply_valid as apply
-from kvstate.state import ROOT, Geometry, State, initial_state
+from kvstate.checking.scopes import EVENT_KINDS, Scope
+from kvstate.state import ROOT, Geometry, initial_state
+from kvstate.testing.backends_machine import BackendsMachine
 from kvstate.testing.strategies import MachineScope, boundary_lengths, machine_scopes
 
 
-class SpecMachine(RuleBasedStateMachine):
+class SpecMachine(BackendsMachine):
     requests = Bundle("requests")
-    log_dir = "replay/failures"
     scopes = machine_scopes()
-    check_model = True  # False: check only the registered properties (canaries use this)
-    state: State
-    model: Any
-    log: list[ev.Event]
 
-    # -- the choke point ---------------------------------------------------------------
-    def apply_event(self, state: State, event: ev.Event) -> State:
-        """The implementation under test (the persistent backend by default)."""
-        return apply(state, event)
-
-    def step(self, event: ev.Event) -> bool:
-        """Apply ``event`` to both sides; True if accepted.  Fails loudly on disagreement."""
-        from specs.invariants import check_edge
-        from specs.model import ModelReject
-        from specs.model import step as model_step
-
-        note(f"event {ev.event_record(event)}")
-        try:
-            after: State | None = self.apply_event(self.state, event)
-            error = ""
-        except InvalidEvent as exc:
-            after, error = None, exc.precondition
-        if not self.check_model:
-            model_after, model_error = (None if after is None else self.model), ""
-        else:
-            try:
-                model_after = model_step(self.model, event)
-                model_error = ""
-            except ModelReject as exc:
-                model_after, model_error = None, str(exc)
-        if (after is None) != (model_after is None):
-            reducer = "rejected: " + error if after is None else "accepted"
-            spec = "rejected: " + model_error if model_after is None else "accepted"
-            self.fail([event], "refines", f"reducer {reducer}; spec {spec}")
-        if after is None:
-            return False
-        found = check_edge(self.state, event, after)
-        if found:
-            self.fail([event], found[0][0], found[0][1])
-        self.log.append(event)
-        self.state, self.model = after, model_after
-        return True
-
-    def fail(self, extra: list[ev.Event], name: str, message: str) -> None:
-        from kvstate.checking.counterexample import write_event_log
-
-        path = pathlib.Path(self.log_dir) / f"{type(self).__name__}.msgpack"
-        write_event_log(path, self.state.geometry, self.log + extra, [name],
-                        origin="hypothesis", note=message)
-        raise AssertionError(f"[{name}] {message} (log: {path})")
-
-    # -- configuration -----------------------------------------------------------------
     @initialize(scope=scopes)
     def init_scope(self, scope: MachineScope) -> None:
-        from specs.abstraction import abstract
-
-        self.scope = scope
         geometry = Geometry(scope.num_pages, scope.page_size, scope.num_rows,
                             scope.num_pages * scope.page_size)
-        self.state = initial_state(geometry)
-        self.model = abstract(self.state)
-        self.log = []
-        self.event_scope = Scope("machine", "event", scope.num_pages, scope.page_size,
-                                 scope.num_rows, scope.vocab, max_depth=0, max_key_pages=2)
+        self.start(scope, initial_state(geometry),
+                   Scope("machine", "event", scope.num_pages, scope.page_size, scope.num_rows,
+                         scope.vocab, max_depth=0, max_key_pages=2,
+                         kinds=(*EVENT_KINDS, "scatter", "free_mapped")))
 
     # -- request handles ---------------------------------------------------------------
     @rule(target=requests)
@@ -178,13 +108,6 @@ class SpecMachine(RuleBasedStateMachine):
                             request))
 
     @rule(data=st.data())
-    def any_fact(self, data: st.DataObject) -> None:
-        """Any candidate fact event the explorer would try here (legal or not)."""
-        events = list(candidate_events(self.state, self.event_scope))
-        if events:
-            self.step(data.draw(st.sampled_from(events), label="event"))
-
-    @rule(data=st.data())
     def lock_and_evict(self, data: st.DataObject) -> None:
         """Maybe lock one node, then try to evict every leaf (eviction under partial locks)."""
         nodes = sorted(n for n in self.state.nodes.keys() if n != ROOT)
@@ -222,21 +145,6 @@ class SpecMachine(RuleBasedStateMachine):
         page = data.draw(st.sampled_from(pages), label="page")
         slots = tuple(page * size + k for k in range(size))
         self.step(ev.Share(request, record.allocated, slots))
-
-    # -- after every step ----------------------------------------------------------------
-    @invariant()
-    def agrees_with_spec(self) -> None:
-        from specs.abstraction import abstract, diff
-        from specs.invariants import check_state
-
-        if not hasattr(self, "state"):
-            return
-        got = abstract(self.state)
-        if self.check_model and got != self.model:
-            self.fail([], "refines", f"reducer and spec differ in {diff(got, self.model)}")
-        found = check_state(self.state)
-        if found:
-            self.fail([], found[0][0], found[0][1])
 
 
 __all__ = ["SpecMachine"]

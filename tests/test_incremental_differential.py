@@ -1,0 +1,176 @@
+"""The incremental checker and the full checks report the same first violation.
+
+``kvstate.invariants.incremental.IncrementalChecker`` checks only where the
+rules said a run of events changed a live state; the full checks
+(``kvstate.invariants.check``) recompute everything.  Each case corrupts a
+clean live state in one named way, reports what it changed the way a buggy
+rule would (``live.touched``), and both must find exactly that named
+invariant first.  Every named invariant has a corruption, in radix mode
+with a host tier and in block mode.  Clean seeded walks must stay clean on
+both (tests/test_backends.py compares the backends on the same walks).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from kvstate import apply_all
+from kvstate import events as ev
+from kvstate.backends.live import LiveState
+from kvstate.checking.enabled import candidate_events
+from kvstate.checking.levels import geometry_of
+from kvstate.checking.scopes import SCOPES
+from kvstate.errors import InvalidEvent
+from kvstate.invariants import CHECKS, check
+from kvstate.invariants.incremental import IncrementalChecker
+from kvstate.records import HostNode
+from kvstate.state import Geometry, initial_state
+
+
+def radix_base() -> LiveState:
+    """Rows 1, 2 open; node 1 [5, 6] on pages 1-2 (locked, mapped by row 1), node 2 [7]
+    under it evicted to host only; row 2 holds page 3; page 4 is DETACHED."""
+    state = apply_all(initial_state(Geometry(6, 1, 3, 6), host_pages=4), [
+        ev.ReqAlloc((1, 2)), ev.Allocate((1, 2), ((1, (1, 2)),)),
+        ev.Insert(0, (5, 6), (1, 2), 1, 1, 1), ev.Lock(1),
+        ev.Allocate((3,), ((2, (3,)),)), ev.Allocate((4,)),
+        ev.Allocate((5,)), ev.Insert(1, (7,), (5,), 2, 2, 0),
+        ev.Offload(1, (0, 1)), ev.Offload(2, (2,)), ev.Evict((2,), False)])
+    return LiveState.thaw(state)
+
+
+def block_base() -> LiveState:
+    """Request "a" holds pages 1-2, page 1 cached as node 1; the pool holds page 3."""
+    state = apply_all(initial_state(Geometry(4, 1, 0, 4, mode="block")), [
+        ev.ReqAlloc(("a",)), ev.BlockAlloc("a", (1, 2)),
+        ev.BlockCache(0, ((1, (5,), None, 1),), 0), ev.BlockAlloc(0, (3,))])
+    return LiveState.thaw(state)
+
+
+def _unback(live: LiveState) -> None:
+    """Drop node 1's host copy consistently (host pages free again): its host-only child
+    keeps a copy under a parent without one."""
+    host = live.host
+    assert host is not None
+    pages = host.backup.pop(1)
+    for page in pages:
+        del host.owner[page]
+    host.free_pages.push_tail(list(pages))
+    live.touched.host_nodes.add(1)
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    setattr(obj, name, value)
+
+
+# name: (expected check, base, corruption of the live state that reports what it touched)
+CORRUPTIONS: dict[str, tuple[str, Callable[[], LiveState], Callable[[LiveState], None]]] = {
+    "detached-page-also-free": ("conservation", radix_base, lambda s: (
+        s.free_pages.push_tail([4]), s.touched.pages.add(4))),
+    "holder-not-in-its-table": ("refcounts", radix_base, lambda s: (
+        s.holders.__setitem__(3, (2, 1)), s.touched.pages.add(3))),
+    "open-row-also-free": ("reserved_ids", radix_base, lambda s: (
+        s.free_rows.push_head([1]), s.touched.table(1, 0))),
+    "evictable-size-off": ("tree_sizes", radix_base, lambda s: (
+        _set(s, "evictable_size", s.evictable_size + 1),)),
+    "locked-node-in-leaf-index": ("leaf_index", radix_base, lambda s: (
+        s.leaves.__setitem__(1, None), s.touched.nodes.add(1))),
+    "below-index-off": ("lock_monotonic", radix_base, lambda s: (
+        _set(s.nodes[1], "below", 1), s.touched.nodes.add(1))),
+    "child-index-lost": ("node_shape", radix_base, lambda s: (
+        s.nodes[0].children.pop(5), s.touched.nodes.add(0))),
+    "committed-past-allocated": ("request_lengths", radix_base, lambda s: (
+        _set(s.requests[2], "committed", 5), s.touched.table(2, 0))),
+    "tree-refs-index-off": ("table_refs_live", radix_base, lambda s: (
+        s.tree_refs.__setitem__(1, 2), s.touched.pages.add(1))),
+    "access-after-clock": ("clock", radix_base, lambda s: (
+        _set(s.nodes[1], "last_access", 99), s.touched.stamped.add(1))),
+    "host-page-owned-and-free": ("host_owned_once", radix_base, lambda s: (
+        s.host.free_pages.push_tail([0]),
+        s.touched.host_nodes.add(1))),
+    "host-copy-not-root-closed": ("host_root_closed", radix_base, _unback),
+    "host-only-node-lost-key": ("host_only_keeps_key", radix_base, lambda s: (
+        s.host.evicted.__setitem__(2, HostNode(1, (), 2)), s.touched.host_nodes.add(2))),
+    "block-pool-page-also-free": ("conservation", block_base, lambda s: (
+        s.free_pages.push_tail([3]), s.touched.pages.add(3))),
+    "block-request-held-twice": ("refcounts", block_base, lambda s: (
+        s.holders.__setitem__(1, ("a", "a")), s.touched.pages.add(1))),
+    "block-mapped-not-held": ("table_refs_live", block_base, lambda s: (
+        s.holders.__setitem__(2, (0,)), s.touched.pages.add(2))),
+    "block-node-without-copy": ("node_shape", block_base, lambda s: (
+        _set(s.nodes[1], "pages", ()), s.touched.nodes.add(1))),
+}
+
+
+def test_every_named_invariant_has_a_corruption():
+    assert {target for target, _, _ in CORRUPTIONS.values()} == set(CHECKS)
+
+
+# The incremental checker re-checks a touched node's own links and its children's back
+# pointers, but a child the (touched) parent no longer indexes is found only from the
+# child's side: it needs a shadow of the child-index size (a change to
+# kvstate/invariants/incremental.py, reported to its owner).
+KNOWN_GAPS = {"child-index-lost"}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="incremental checker gap"))
+    if n in KNOWN_GAPS else n for n in sorted(CORRUPTIONS)])
+def test_incremental_and_full_checks_find_the_same_first_violation(name):
+    target, base, corrupt = CORRUPTIONS[name]
+    live = base()
+    checker = IncrementalChecker(live)
+    assert check(live) == [] and checker.check() == []
+    corrupt(live)
+    full = check(live)
+    incremental = checker.check()
+    assert full and incremental, (full, incremental)
+    assert full[0].check == incremental[0].check == target, (full, incremental)
+
+
+@pytest.mark.parametrize("every", [1, 4])
+@pytest.mark.parametrize("scope", ["paged", "core6", "rows-sglang-paged", "block-paged", "host"])
+def test_clean_walks_stay_clean_on_both_checkers(scope, every):
+    """Checked after every event, or after runs of four (the changes of a run accumulate)."""
+    chosen = SCOPES[scope]
+    live = LiveState.thaw(initial_state(geometry_of(chosen), host_pages=chosen.host_pages))
+    checker = IncrementalChecker(live)
+    rng = random.Random(7)
+    applied = 0
+    for _ in range(300):
+        frozen = live.freeze()
+        event = rng.choice(list(candidate_events(frozen, chosen)))
+        try:
+            live.apply(event)
+        except InvalidEvent:
+            continue
+        applied += 1
+        if applied % every == 0:
+            assert checker.check() == [] and check(live) == [], event
+
+
+def test_a_run_of_edits_to_one_table_is_rechecked_from_its_first_edit():
+    """A rewrite at index 0, then an append at index 2, in one run: the checker must
+    re-read row 1's table from index 0 (``Touched.table`` keeps the lowest index)."""
+    live = radix_base()
+    checker = IncrementalChecker(live)
+    live.apply(ev.Assign(1, 0, (4,)))  # DETACHED page 4 replaces tree page 1 at index 0
+    live.apply(ev.Allocate((6,), ((1, (6,)),)))
+    assert live.touched.requests[1] == 0
+    assert checker.check() == [] and check(live) == []
+
+
+def test_host_events_are_checked_where_they_touch():
+    """Load, evict to host, host free and offload on a checked live state: both checkers
+    stay clean after each (the rules report what they touched, host nodes included)."""
+    live = radix_base()  # node 2 is host-only under node 1; pages 5 and 6 are free
+    checker = IncrementalChecker(live)
+    for event in (ev.Load(2, (5,), 10), ev.Evict((2,), True), ev.Load(2, (6,), 11),
+                  ev.Evict((2,), False), ev.HostFree((2,), True), ev.Allocate((5,)),
+                  ev.Insert(1, (8,), (5,), 3, 12, 0), ev.Offload(3, (2,))):
+        live.apply(event)
+        assert checker.check() == [] and check(live) == [], event
+    assert live.host.backup[3] == (2,) and 2 not in live.host.evicted
