@@ -1,8 +1,10 @@
 """Findings of the spec: event sequences whose last event the core once accepted.
 
-Each must now be rejected by the spec model and by the core (fixed in the
-reducer; see specs/SPEC.md, "Findings").  Kept as data so the regression
-test and the replay corpus (``replay/findings/``) share one source.
+``FINDINGS``: the last event must now be rejected by the spec model and by
+the core.  ``RESULT_FINDINGS``: the last event is legal, and the core once
+left a wrong state; now its result refines the spec's.  All are fixed in the
+rules (specs/SPEC.md, "Findings").  Kept as data so the regression tests and
+the replay corpus (``replay/findings/``) share one source.
 """
 
 from __future__ import annotations
@@ -30,18 +32,16 @@ FINDINGS: dict[str, tuple[Geometry, list[ev.Event]]] = {
     "F6-scatter-two-rows-one-page": (Geometry(2, 1, 2, 2), [
         ev.ReqAlloc((1,)), ev.ReqAlloc((2,)), ev.Allocate((1,)),
         ev.Scatter(((1, 0, 1), (2, 0, 1)))]),
+    "F9-radix-allocate-of-cached-block": (Geometry(3, 1, 0, 3, "block"), [
+        ev.BlockAlloc(0, (1,)), ev.BlockCache(0, ((1, (1,), None, 1),), 0),
+        ev.BlockRelease(0, (1,), True, False), ev.Allocate((1,))]),
 }
 
-# Open findings: the spec rejects the last event, the core still accepts it.  Each needs a
-# change to kvstate/rules (see SPEC.md, "Open findings"); tests/test_spec_findings.py holds
-# the core side as a strict xfail, so the fix shows up as a failure to move the entry above.
-OPEN_FINDINGS: dict[str, tuple[Geometry, list[ev.Event]]] = {
+# name -> (geometry, events; the last one is legal and must leave the spec's state)
+RESULT_FINDINGS: dict[str, tuple[Geometry, list[ev.Event]]] = {
     "F7-reqfree-drops-cached-block": (Geometry(3, 1, 0, 3, "block"), [
         ev.ReqAlloc(("a",)), ev.BlockAlloc("a", (1,)),
         ev.BlockCache(0, ((1, (1,), None, 1),), 0), ev.ReqFree(("a",))]),
     "F8-block-close-keeps-row": (Geometry(3, 1, 2, 3, "block"), [
         ev.ReqAlloc((1,)), ev.BlockRelease(1, (), True, True)]),
-    "F9-radix-allocate-of-cached-block": (Geometry(3, 1, 0, 3, "block"), [
-        ev.BlockAlloc(0, (1,)), ev.BlockCache(0, ((1, (1,), None, 1),), 0),
-        ev.BlockRelease(0, (1,), True, False), ev.Allocate((1,))]),
 }

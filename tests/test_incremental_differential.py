@@ -109,16 +109,7 @@ def test_every_named_invariant_has_a_corruption():
     assert {target for target, _, _ in CORRUPTIONS.values()} == set(CHECKS)
 
 
-# The incremental checker re-checks a touched node's own links and its children's back
-# pointers, but a child the (touched) parent no longer indexes is found only from the
-# child's side: it needs a shadow of the child-index size (a change to
-# kvstate/invariants/incremental.py, reported to its owner).
-KNOWN_GAPS = {"child-index-lost"}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="incremental checker gap"))
-    if n in KNOWN_GAPS else n for n in sorted(CORRUPTIONS)])
+@pytest.mark.parametrize("name", sorted(CORRUPTIONS))
 def test_incremental_and_full_checks_find_the_same_first_violation(name):
     target, base, corrupt = CORRUPTIONS[name]
     live = base()

@@ -331,6 +331,21 @@ def test_truncate_bounds_and_tree_pages_mapped_once():
     rejects(base(), Evict((1, 1)), "duplicate node 1 in one event")
 
 
+def test_radix_events_refuse_a_block_mode_state():
+    """The tree holds nothing in block mode: a radix event there would hand out cached
+    pages without uncaching them (finding F9), so every one names the mode it needs."""
+    from kvstate.events import EVENT_TYPES
+    from kvstate.rules import RULE_MODES
+
+    state = initial_state(Geometry(num_pages=4, num_rows=2, row_width=8, mode="block"))
+    for event in (Allocate((1,)), Free((1,)), Evict((1,)), Insert(0, (1,), (1,), 1, 1, 0),
+                  Lock(1), Touch((1,), 1), Copy((1,), (2,))):
+        rejects(state, event, f"{type(event).__name__} needs a radix-mode geometry "
+                              r"\(mode='block'\)")
+    shared = {name for name, cls in EVENT_TYPES.items() if RULE_MODES[cls] == {"radix", "block"}}
+    assert shared == {"ra", "rf", "rs"}  # ReqAlloc, ReqFree, Reset: the only events of both
+
+
 def test_block_events_need_block_mode_and_keep_page_zero_for_tables():
     for event in (BlockHold(0, (1,)), BlockRelease(0, (1,)), BlockCache(0, ()),
                   BlockUncache((1,), (1,)), BlockClear()):

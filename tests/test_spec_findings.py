@@ -1,12 +1,10 @@
-"""Findings of the spec (specs/SPEC.md, "Findings"): fixed ones are regressions, open ones
-wait for a core change.
+"""Spec findings: sequences whose last event the core once got wrong.
 
-Each finding is an exact event sequence.  For a fixed one (``FINDINGS``) the
-core once accepted the last event; now the spec model and both backends
-reject it and the state is unchanged.  For an open one (``OPEN_FINDINGS``)
-the spec and the core still disagree on the last event: the spec rejects it,
-or both accept it with different results; the core side is a strict xfail,
-so the fix fails this test until the entry moves to ``FINDINGS``.
+For a finding in ``FINDINGS`` the core once accepted the last event; now the
+spec model and both backends reject it and the state is unchanged.  For one
+in ``RESULT_FINDINGS`` the last event is legal but the core once left a
+wrong state; now both backends' result refines the spec's and passes every
+named check.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from kvstate.checking.levels import check_refinement
 from kvstate.errors import InvalidEvent
 from kvstate.state import initial_state
 from specs.abstraction import abstract
-from specs.findings import FINDINGS, OPEN_FINDINGS
+from specs.findings import FINDINGS, RESULT_FINDINGS
 from specs.model import ModelReject, step
 
 
@@ -54,29 +52,16 @@ def test_core_rejects_the_final_event(name):
     assert live.fingerprint() == before
 
 
-@pytest.mark.parametrize("name", sorted(OPEN_FINDINGS))
-def test_open_finding_the_spec_decides(name):
-    """The spec's side is settled: it rejects the event, or accepts it with a result the
-    core's own named checks hold on."""
+@pytest.mark.parametrize("name", sorted(RESULT_FINDINGS))
+def test_a_legal_final_event_leaves_the_spec_state(name):
     from specs.invariants import check_state
 
-    state, last = _replay_prefix(OPEN_FINDINGS, name)
-    try:
-        model = step(abstract(state), last)
-    except ModelReject:
-        return
-    assert model is not None
-    core = apply(state, last)
-    assert check_state(core), "the core's result breaks none of its own checks"
-
-
-@pytest.mark.xfail(strict=True, reason="open finding: needs a change to kvstate/rules")
-@pytest.mark.parametrize("name", sorted(OPEN_FINDINGS))
-def test_open_finding_the_core_agrees(name):
-    state, last = _replay_prefix(OPEN_FINDINGS, name)
-    try:
-        after = apply(state, last)
-        error = None
-    except InvalidEvent as exc:
-        after, error = None, exc.precondition
-    assert check_refinement(state, last, after, error) == []
+    state, last = _replay_prefix(RESULT_FINDINGS, name)
+    model = step(abstract(state), last)
+    after = apply(state, last)
+    assert abstract(after) == model
+    assert check_refinement(state, last, after, None) == []
+    assert check_state(after) == []
+    live = LiveState.thaw(state)
+    live.apply(last)
+    assert live.fingerprint() == after.fingerprint()

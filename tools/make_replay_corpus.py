@@ -197,12 +197,16 @@ def build(out_dir: Path) -> dict[str, dict[str, Any]]:
         lambda p: None if _edit_split_time(seed0_v2, p) < 0 else None)
     add("failing/bad_checkpoint.kvlog", "the seed 001 log with its first checkpoint's fingerprint "
         "altered (CRC recomputed): a fingerprint mismatch", lambda p: _corrupt_checkpoint(seed1, p))
-    from specs.findings import FINDINGS
+    from specs.findings import FINDINGS, RESULT_FINDINGS
 
     for finding, (finding_geometry, finding_events) in sorted(FINDINGS.items()):
         add(f"findings/{finding}.kvlog", f"spec finding {finding}: the core once accepted the last "
             "event; now the rules refuse it (specs/SPEC.md, Findings)",
             lambda p, g=finding_geometry, e=finding_events: _append_unchecked(p, g, e))
+    for finding, (finding_geometry, finding_events) in sorted(RESULT_FINDINGS.items()):
+        add(f"findings/{finding}.kvlog", f"spec finding {finding}: a legal last event once left a "
+            "state the spec disagrees with; now it replays clean (specs/SPEC.md, Findings)",
+            lambda p, g=finding_geometry, e=finding_events: write_log(p, g, e))
     demo = out_dir / DEMO
     add("malformed/torn_tail.kvlog", "the demo log cut in the middle of its 10th record (a crash "
         "while writing)", lambda p: None if _truncate_mid_record(demo, p) < 0 else None)

@@ -23,7 +23,8 @@ from kvstate.errors import InvalidEvent
 from kvstate.events import Event
 from kvstate.freequeue import LiveQueue
 from kvstate.records import MNode, MRequest, RequestId, freeze_node, freeze_request, thaw_request
-from kvstate.rules import RULES, Reject
+from kvstate.rules import RULE_MODES, RULES, Reject
+from kvstate.rules.registry import wrong_mode
 from kvstate.rules.store import Touched
 from kvstate.state import (
     Geometry,
@@ -205,6 +206,8 @@ class LiveState:
         rule = RULES.get(type(event))
         if rule is None:
             raise InvalidEvent(event, self.seq, f"no rule for {type(event).__name__}")
+        if self.geometry.mode not in RULE_MODES[type(event)]:
+            raise InvalidEvent(event, self.seq, wrong_mode(type(event), self.geometry.mode))
         try:
             rule(self, event)
         except Reject as exc:

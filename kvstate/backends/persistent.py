@@ -18,7 +18,8 @@ from kvstate.errors import InvalidEvent
 from kvstate.events import Event, EventDecodeError, validated
 from kvstate.freequeue import FreeQueue
 from kvstate.records import MNode, MRequest, Request, RequestId, freeze_node, freeze_request, thaw_request
-from kvstate.rules import RULES, Reject
+from kvstate.rules import RULE_MODES, RULES, Reject
+from kvstate.rules.registry import wrong_mode
 from kvstate.rules.store import Touched
 from kvstate.state import (
     STATE_FIELDS,
@@ -272,6 +273,8 @@ def apply_valid(state: State, event: Event, touched: Touched | None = None) -> S
     rule = RULES.get(type(event))
     if rule is None:
         raise InvalidEvent(event, state.seq, f"no rule for {type(event).__name__}")
+    if state.geometry.mode not in RULE_MODES[type(event)]:
+        raise InvalidEvent(event, state.seq, wrong_mode(type(event), state.geometry.mode))
     txn = Transaction(state, touched)
     try:
         rule(txn, event)

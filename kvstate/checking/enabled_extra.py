@@ -88,7 +88,7 @@ def block_candidates(state: Any, scope: Scope) -> Iterator[ev.Event]:
     holders: list[Any] = [DETACHED] + [rid for rid, _ in requests]
     pages = range(1, state.geometry.num_pages + 1)
     if "rows" in kinds:  # vLLM names its requests and closes them with BlockRelease(close=True)
-        for name in BLOCK_NAMES:   # (ReqFree and Reset("rows") here are open finding F7)
+        for name in BLOCK_NAMES:  # (ReqFree in block mode: finding F7's regression test)
             if name not in state.requests:
                 yield ev.ReqAlloc((name,))
     if "block_alloc" in kinds:

@@ -48,8 +48,14 @@ class IncrementalChecker:
             self._map(request_id, _entries(record))
         self.sizes: dict[int, tuple[int, int]] = {}
         self.evictable = self.protected = 0
+        # Each node's parent and each parent's number of children, from the parent
+        # pointers: a touched parent that stops indexing an untouched child is caught
+        # by its children count.
+        self.parent_of: dict[int, int] = {}
+        self.kids: dict[int, int] = {}
         for node_id, node in live.nodes.items():
             self._size(node_id, node)
+            self._reparent(node_id, node)
         self.rows = sum(1 for r in live.requests if isinstance(r, int))
         self.swa = None if live.swa is None else SwaShadow(live)  # the SWA pool's shadows
         self.mamba = None if live.mamba is None else MambaShadow(live)  # the Mamba pool's
@@ -71,6 +77,15 @@ class IncrementalChecker:
                 owners.discard(request_id)
                 if not owners:
                     del mapped_by[page]
+
+    def _reparent(self, node_id: int, node: Any) -> None:
+        kids = self.kids
+        old = self.parent_of.pop(node_id, None)
+        if old is not None:
+            kids[old] -= 1
+        if node is not None and node_id != ROOT:
+            self.parent_of[node_id] = node.parent
+            kids[node.parent] = kids.get(node.parent, 0) + 1
 
     def _size(self, node_id: int, node: Any) -> None:
         old = self.sizes.pop(node_id, (0, 0))
@@ -101,6 +116,9 @@ class IncrementalChecker:
             found.extend(self._request(request_id, index, pages))
         for page in pages:
             found.extend(self._page(page))
+        nodes = live.nodes
+        for node_id in touched.nodes:  # every parent pointer first, then the counts agree
+            self._reparent(node_id, nodes.get(node_id))
         for node_id in touched.nodes:
             found.extend(self._node(node_id, links=True))
         for node_id in touched.stamped - touched.nodes:
@@ -213,6 +231,9 @@ class IncrementalChecker:
                 yield Violation("leaf_index", f"leaf index is off at node {node_id}")
         for message in _node_links(live, node_id, node):
             yield Violation("node_shape", message)
+        if len(node.children) != self.kids.get(node_id, 0):
+            yield Violation("node_shape", f"node {node_id} indexes {len(node.children)} children, "
+                                          f"{self.kids.get(node_id, 0)} nodes name it as parent")
 
     def _globals(self) -> Iterator[Violation]:
         live = self.live

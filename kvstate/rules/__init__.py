@@ -17,6 +17,6 @@ from __future__ import annotations
 
 # Register every rule (imported for their side effect on RULES).
 from kvstate.rules import block, frees, host, mamba, pages, rows, swa, swa_recover, tree  # noqa: F401
-from kvstate.rules.registry import RULES, Reject, Rule, rule
+from kvstate.rules.registry import RULE_MODES, RULES, Reject, Rule, rule
 
-__all__ = ["RULES", "Reject", "Rule", "rule"]
+__all__ = ["RULES", "RULE_MODES", "Reject", "Rule", "rule"]

@@ -27,11 +27,6 @@ from kvstate.rules.registry import Reject, rule
 from kvstate.state import DETACHED, ROOT, block_child_key
 
 
-def _require_block(s: Any, name: str) -> None:
-    if s.geometry.mode != "block":
-        raise Reject(f"{name} needs a block-mode geometry (mode={s.geometry.mode!r})")
-
-
 def _check_holder(s: Any, holder: RequestId) -> bool:
     """True for a request holder (which must be open), False for DETACHED."""
     if holder == DETACHED and not isinstance(holder, str):
@@ -56,9 +51,8 @@ def _extend_table(s: Any, request_id: RequestId, pages: tuple[int, ...]) -> None
     record.allocated = len(record.pages) * s.geometry.page_size
 
 
-@rule(BlockAlloc)
+@rule(BlockAlloc, modes=("block",))
 def block_alloc(s: Any, event: BlockAlloc) -> None:
-    _require_block(s, "BlockAlloc")
     pages = event.pages
     is_request = _check_holder(s, event.holder)
     if not pages:
@@ -90,9 +84,8 @@ def block_alloc(s: Any, event: BlockAlloc) -> None:
         s.touched.pages.update(pages)
 
 
-@rule(BlockHold)
+@rule(BlockHold, modes=("block",))
 def block_hold(s: Any, event: BlockHold) -> None:
-    _require_block(s, "BlockHold")
     holder, pages = event.holder, event.pages
     is_request = _check_holder(s, holder)
     real = [page for page in pages if page != 0]
@@ -127,9 +120,8 @@ def block_hold(s: Any, event: BlockHold) -> None:
         s.touched.pages.update(real)
 
 
-@rule(BlockRelease)
+@rule(BlockRelease, modes=("block",))
 def block_release(s: Any, event: BlockRelease) -> None:
-    _require_block(s, "BlockRelease")
     holder = event.holder
     is_request = _check_holder(s, holder)
     real = [page for page in event.pages if page != 0]
@@ -166,6 +158,8 @@ def block_release(s: Any, event: BlockRelease) -> None:
     if is_request:
         if event.close:
             s.close_request(holder)
+            if isinstance(holder, int):  # the row goes back on top of the stack, as ReqFree does
+                s.free_rows = s.free_rows.push_head([holder])
         else:
             record = s.request_w(holder)
             gone = set(real)
@@ -223,9 +217,8 @@ def _resolve_path(s: Any, event: BlockCache) -> tuple[list[tuple[Any, ...]], int
     return keys, first_new, next_id, current
 
 
-@rule(BlockCache)
+@rule(BlockCache, modes=("block",))
 def block_cache(s: Any, event: BlockCache) -> None:
-    _require_block(s, "BlockCache")
     if event.parent not in s.nodes:
         raise Reject(f"unknown tree node {event.parent}")
     entries = event.entries
@@ -281,9 +274,8 @@ def _prune(s: Any, node_id: int) -> int:
     return removed
 
 
-@rule(BlockUncache)
+@rule(BlockUncache, modes=("block",))
 def block_uncache(s: Any, event: BlockUncache) -> None:
-    _require_block(s, "BlockUncache")
     if len(event.pages) != len(event.nodes):
         raise Reject("uncache needs one node per page")
     check_distinct(event.pages, "page")
@@ -305,9 +297,8 @@ def block_uncache(s: Any, event: BlockUncache) -> None:
         s.touched.nodes.update(event.nodes)
 
 
-@rule(BlockClear)
+@rule(BlockClear, modes=("block",))
 def block_clear(s: Any, event: BlockClear) -> None:
-    _require_block(s, "BlockClear")
     root = s.nodes[ROOT]
     for node_id in [n for n in s.snapshot("nodes").keys() if n != ROOT]:
         s.drop_node(node_id)

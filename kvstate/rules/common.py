@@ -51,9 +51,12 @@ def release_pages(s: Any, request_id: RequestId, pages: Iterable[int]) -> None:
 
     A tree page it mapped without holding loses one unheld reference
     (``tree_refs``); a page it held loses the hold, and a page left with no
-    holder becomes DETACHED unless the tree holds it.
+    holder becomes DETACHED unless the tree holds it.  In block mode the tree
+    holds nothing, so a cached page left with no holder becomes DETACHED too
+    (a pool reference: never lost, and released only by ``BlockRelease``).
     """
-    holders, page_node, tree_refs = s.holders, s.page_node, s.tree_refs
+    holders, tree_refs = s.holders, s.tree_refs
+    page_node = s.page_node if s.geometry.mode == "radix" else {}
     detached = (DETACHED,)
     for page in pages:
         held = holders.get(page)

@@ -18,7 +18,7 @@ from kvstate.rules.registry import Reject, rule
 from kvstate.state import ROOT
 
 
-@rule(ReqAlloc)
+@rule(ReqAlloc, modes=("radix", "block"))
 def req_alloc(s: Any, event: ReqAlloc) -> None:
     check_distinct(event.requests, "request")
     rows = []
@@ -46,7 +46,7 @@ def req_alloc(s: Any, event: ReqAlloc) -> None:
             s.touched.table(request_id, 0)
 
 
-@rule(ReqFree)
+@rule(ReqFree, modes=("radix", "block"))
 def req_free(s: Any, event: ReqFree) -> None:
     check_distinct(event.requests, "request")
     for request_id in event.requests:
@@ -74,7 +74,7 @@ def _close(s: Any, request_ids: tuple[RequestId, ...] | list[RequestId]) -> None
             touched.table(request_id, 0)
 
 
-@rule(Reset)
+@rule(Reset, modes=("radix", "block"))
 def reset(s: Any, event: Reset) -> None:
     """``tree``: drop every node, freeing tree pages no one else holds (tail, ascending).
     ``rows``: close every request (their own pages become DETACHED).
