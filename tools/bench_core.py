@@ -8,12 +8,17 @@ Part 1 applies the same event mix at 10k, 100k and 1M pages on the live and
 the persistent backend and reports the median µs per event: flat numbers
 mean the cost does not grow with the pool.  Each timed run starts after a
 full collection (with ``--tune-gc``, after ``kvstate.tune_gc()`` too).  Part 2 runs
-../shared/peers/sim.py (one continuous-batching driver for every peer) for
+the peers' shared driver ``sim.py`` (one continuous-batching driver for every
+peer; its directory is ``$PEERS_HARNESS``, by default ``peers/`` beside the
+repository) for
 kvstate through the planner (tools/peer_kvstate.py) and through SGLang's
 public front-end calls (tools/peer_kvstate_sglang.py), with every event
 recorded to a log, and for vLLM 0.33 and SGLang 0.5.23 in their own venvs,
-interleaved, ``--repeats`` times each, reporting the median.  Ratios are
-only comparable inside one run.
+interleaved, ``--repeats`` times each, reporting the median.  Phases are
+timed in the driver thread's CPU time (``--clock cpu``, the default, through
+tools/peer_cpu_sim.py), so other load on the machine does not move them;
+``--clock wall`` keeps the driver's wall clock.  Ratios are only comparable
+inside one run.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from kvstate.backends.persistent import apply_valid
 from kvstate.events import Allocate, Append, Evict, Free, Insert, Lock, ReqAlloc, Unlock
 
 ROOT = Path(__file__).resolve().parent.parent
-PEERS_DIR = ROOT.parent / "shared" / "peers"
+PEERS_DIR = Path(os.environ.get("PEERS_HARNESS", ROOT.parent / "shared" / "peers"))
 METRICS = ("us_per_decode_request_step", "us_per_admission", "us_per_finish")
 
 
@@ -96,7 +101,7 @@ def scaling(num_pages: int, repeats: int = 5) -> dict[str, float]:
     for label, events, units in mixes:
         lives = [LiveState.thaw(base) for _ in range(repeats)]  # type: ignore[arg-type]
 
-        def live_run(events: list[object] = events) -> None:
+        def live_run(events: list[object] = events, lives: list[LiveState] = lives) -> None:
             live = lives.pop()
             for event in events:
                 live.apply(event)  # type: ignore[arg-type]
@@ -112,12 +117,13 @@ def scaling(num_pages: int, repeats: int = 5) -> dict[str, float]:
 
 
 # -- part 2: the peers ---------------------------------------------------------------------
-def run_sim(python: str, peer: str, page_size: int, extra: list[str], env: dict[str, str]
-            ) -> dict[str, float]:
+def run_sim(python: str, peer: str, page_size: int, extra: list[str], env: dict[str, str],
+            clock: str = "cpu") -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sim.json"
-        cmd = [python, str(PEERS_DIR / "sim.py"), "--peer", peer, "--page-size", str(page_size),
-               *extra, "--out", str(out)]
+        runner = [str(ROOT / "tools" / "peer_cpu_sim.py")] if clock == "cpu" else []
+        cmd = [python, *runner, str(PEERS_DIR / "sim.py"), "--peer", peer, "--page-size",
+               str(page_size), *extra, "--out", str(out)]
         run_env = dict(env, KVSTATE_RECORD=str(Path(tmp) / "run.kvlog"))
         subprocess.run(cmd, check=True, env=run_env, capture_output=True, cwd=PEERS_DIR)
         return json.loads(out.read_text())["runs"][0]  # type: ignore[no-any-return]
@@ -150,14 +156,15 @@ def configs(before: str | None) -> list[tuple[str, str, int, str, dict[str, str]
     return rows
 
 
-def peers_table(requests: int, repeats: int, before: str | None) -> list[dict[str, object]]:
+def peers_table(requests: int, repeats: int, before: str | None, clock: str = "cpu"
+                ) -> list[dict[str, object]]:
     extra = ["--requests", str(requests), "--seed", "0", "--capacity", "60000"]
     samples: dict[str, list[dict[str, float]]] = {}
     plan = configs(before)
     for _ in range(repeats):  # interleaved, so drifting load hits every peer alike
         for label, python, size, peer, env in plan:
             try:
-                samples.setdefault(label, []).append(run_sim(python, peer, size, extra, env))
+                samples.setdefault(label, []).append(run_sim(python, peer, size, extra, env, clock))
             except subprocess.CalledProcessError as exc:
                 print(f"{label}: failed: {exc.stderr.decode()[-400:]}", file=sys.stderr)
     rows: list[dict[str, object]] = []
@@ -182,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks-core.md"))
     parser.add_argument("--tune-gc", action="store_true", help="call kvstate.tune_gc() first")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="time the peers' phases in CPU time of the driver thread (default) "
+                             "or wall time")
     args = parser.parse_args(argv)
     if args.tune_gc:
         from kvstate import tune_gc
@@ -200,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"| {label} | " + " | ".join(f"{table[n][label]:.2f}" for n in table) + " |"
                   for label in labels]
     if not args.skip_peers:
-        rows = peers_table(args.requests, args.repeats, args.before)
+        rows = peers_table(args.requests, args.repeats, args.before, args.clock)
         lines += ["", f"## kvstate vs the peers: same driver, same run, events recorded "
-                      f"(synthetic workload, {args.requests} requests, median of {args.repeats})", "",
+                      f"(synthetic workload, {args.requests} requests, median of {args.repeats}, "
+                      f"{args.clock} time)", "",
                   "| peer | µs / decode request-step | µs / admission | µs / finish "
                   "| token hit rate | evicted tokens |", "|---|---|---|---|---|---|"]
         for row in rows:
