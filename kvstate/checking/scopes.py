@@ -79,8 +79,9 @@ _add(Scope("core6", "event", num_pages=3, page_size=1, num_rows=2, vocab=2, max_
 _add(Scope("core6-1m", "event", num_pages=4, page_size=1, num_rows=2, vocab=2, max_depth=9,
            kinds=("rows", "allocate", "append", "free", "insert", "split", "evict", "lock",
                   "assign"),
-           max_key_pages=2, description="benchmark: the six core kinds over 4 pages; "
-                                        "over a million states (benchmarked to 1,000,000; minutes; not in CI)"))
+           max_key_pages=2,
+           description="benchmark: the six core kinds over 4 pages; over a million states "
+                       "(benchmarked to 1,000,000; minutes; not in CI)"))
 _add(Scope("rows-sglang", "event", num_pages=3, page_size=1, num_rows=2, vocab=2, max_depth=7,
            kinds=("rows", "allocate", "assign", "scatter", "free_mapped", "free", "truncate",
                   "insert", "lock"),
