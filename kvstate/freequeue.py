@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import filterfalse, islice
 from typing import Any
 
 import attrs
@@ -276,9 +276,12 @@ class LiveQueue:
         return out
 
     def missing(self, items: Sequence[int]) -> int | None:
-        """The first of ``items`` that is not queued, or ``None`` (one C-level pass when
-        the items are in the explicit parts or the hole-free range)."""
-        rest = set(items).difference(self.front.keys(), self.back.keys())
+        """The first of ``items`` that is not queued, or ``None`` (one C-level pass over
+        ``items`` when they are in the explicit parts or the hole-free range)."""
+        # Membership item by item: a set difference against the dicts' key views would
+        # walk the views whole, O(pool) per call once many pages were freed.
+        rest = set(filterfalse(self.back.__contains__,
+                               filterfalse(self.front.__contains__, items)))
         if rest:
             lo, hi, holes = self.lo, self.hi, self.holes
             if min(rest) < lo or max(rest) >= hi or not holes.keys().isdisjoint(rest):

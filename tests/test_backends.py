@@ -9,6 +9,7 @@ as it was.  A freeze after every event keeps ``LiveState.freeze`` honest.
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -111,3 +112,21 @@ def test_initial_state_costs_no_memory_per_page():
     live = LiveState.thaw(state)
     live.apply(ev.Allocate((1, 2)))
     assert len(live.free_pages) == 10**12 - 2
+
+
+def test_big_tuple_valued_maps_stay_in_the_old_generation():
+    # A plain dict of atomic keys and values is untracked by a collection and re-enters
+    # the youngest generation at the next fresh tuple, so every young collection would
+    # walk the whole page map again (O(pool) per collection).  The live maps must stay
+    # tracked through a collection.
+    geometry = Geometry(num_pages=64, num_rows=4)
+    live = LiveState.thaw(initial_state(geometry, host_pages=4))
+    mamba = LiveState.thaw(initial_state(geometry, mamba_slots=4))
+    live.apply(ev.ReqAlloc((1,)))
+    live.apply(ev.Allocate((1, 2, 3), ((1, (1, 2, 3)),)))
+    plain = dict(live.holders)
+    gc.collect()
+    assert not gc.is_tracked(plain)  # what a plain dict of the same items does
+    maps = [live.holders, live.host.backup, live.host.evicted, live.host.evicted_children,
+            mamba.mamba.rows, mamba.mamba.nodes]
+    assert all(gc.is_tracked(m) for m in maps)

@@ -40,6 +40,22 @@ from kvstate.state import (
 )
 
 
+class Pinned(dict[Any, Any]):
+    """A ``dict`` the cyclic garbage collector never stops tracking.
+
+    CPython untracks an exact ``dict`` whose keys and values are all untracked
+    (ints, and tuples of ints once a collection has seen them), then tracks it
+    again, in the youngest generation, as soon as a fresh tuple is stored in
+    it.  The next young collection then walks the whole dict: at a million
+    pages that is about 40 ms, paid again after every collection.  Instances
+    of a subclass are tracked for good, so a big map stays in the old
+    generation and young collections cost what was allocated since the last
+    one.  Used for every live map whose keys or values are tuples.
+    """
+
+    __slots__ = ()
+
+
 class LiveHost:
     """The host tier in mutable containers (fields as ``kvstate.state.HostTier``)."""
 
@@ -48,10 +64,10 @@ class LiveHost:
     def __init__(self, tier: HostTier) -> None:
         self.num_pages = tier.num_pages
         self.free_pages = tier.free_pages.thaw()
-        self.backup = dict(tier.backup.items())
+        self.backup = Pinned(tier.backup.items())
         self.owner = dict(tier.owner.items())
-        self.evicted = dict(tier.evicted.items())
-        self.evicted_children = dict(tier.evicted_children.items())
+        self.evicted = Pinned(tier.evicted.items())
+        self.evicted_children = Pinned(tier.evicted_children.items())
 
     def host_children(self, node_id: int) -> list[int]:
         return [child for (parent, _), child in self.evicted_children.items() if parent == node_id]
@@ -95,8 +111,8 @@ class LiveMamba:
         self.num_slots = tier.num_slots
         self.free_slots = tier.free_slots.thaw()
         self.held = dict(tier.held.items())
-        self.rows = dict(tier.rows.items())
-        self.nodes = dict(tier.nodes.items())
+        self.rows = Pinned(tier.rows.items())
+        self.nodes = Pinned(tier.nodes.items())
         self.slot_node = dict(tier.slot_node.items())
         self.evictable = tier.evictable
         self.protected = tier.protected
@@ -147,7 +163,7 @@ class LiveState:
         live.seq = state.seq
         live.clock = state.clock
         live.free_pages = state.free_pages.thaw()
-        live.holders = dict(state.holders.items())
+        live.holders = Pinned(state.holders.items())
         live.page_node = dict(state.page_node.items())
         live.free_rows = state.free_rows.thaw()
         live.row_generation = dict(state.row_generation.items())
