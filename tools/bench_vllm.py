@@ -16,9 +16,11 @@ log ``Recorder`` attached (the event log recording on).  Reported:
   with ``full_sequence_must_fit``; a Mamba prompt prefills in two chunks, up to its last
   aligned block and the rest, as vLLM's scheduler splits it when there is no junction).
 
-Each figure is the best (minimum) of ``--rounds`` x ``--repeat`` runs of ``time.perf_counter_ns``: the
-machine these run on is shared, and the minimum is the least disturbed run.  Both
-implementations see the same disturbance only on average, so compare ratios, not ns.
+Each figure is the best (minimum) of ``--rounds`` x ``--repeat`` runs, timed in CPU time of
+the process (``time.process_time_ns``; ``--clock wall`` for ``time.perf_counter_ns``): the
+machine these run on is shared, CPU time leaves out the time other jobs hold the cores, and
+the minimum is the least disturbed run.  Rounds alternate the implementations, so both see
+the same load on average; compare ratios, not ns.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from typing import Any
 
 NUM_BLOCKS = 100_000
 BLOCK_SIZE = 16
+CLOCKS = {"cpu": time.process_time_ns, "wall": time.perf_counter_ns}
+_clock = CLOCKS["cpu"]
 
 
 def _median_ns(run: Callable[[], int], repeat: int) -> float:
@@ -48,7 +52,7 @@ def workloads(api: dict[str, Any], repeat: int, hybrid_only: bool = False) -> di
     out: dict[str, float] = {}
     if hybrid_only:
         return hybrid_workloads(api, repeat, out)
-    clock = time.perf_counter_ns
+    clock = _clock
     pool = api["pool"](NUM_BLOCKS)
     for count in (16, 128, 1024):
         def alloc_free(count: int = count) -> int:
@@ -132,7 +136,7 @@ HYBRID_KINDS = ("full+swa", "full+mamba", "full+swa+mamba")
 
 def hybrid_loop(api: dict[str, Any], kind: str) -> int:
     """The manager loop on a hybrid model; ns per manager call."""
-    clock = time.perf_counter_ns
+    clock = _clock
     manager = api["hybrid"](4096, kind)
     mamba = "mamba" in kind
     calls = 0
@@ -224,8 +228,10 @@ def vllm_api() -> dict[str, Any]:
 
 
 # -- kvstate side ------------------------------------------------------------------------------
-def kvstate_api(record_dir: str | None) -> dict[str, Any]:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def kvstate_api(record_dir: str | None, root: str | None = None) -> dict[str, Any]:
+    """kvstate's factories; ``root``: the source tree to import kvstate from (default: this
+    checkout), so ``--baseline-root`` can time an earlier tree in the same run."""
+    sys.path.insert(0, root or os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import kvstate.vllm.kv_cache_interface as interface
     from kvstate.log import Recorder
     from kvstate.vllm.block_pool import BlockPool
@@ -254,57 +260,88 @@ def kvstate_api(record_dir: str | None) -> dict[str, Any]:
     }
 
 
+def kvstate_side(args: argparse.Namespace) -> dict[str, float]:
+    """One kvstate run (this process): events on, with a log recorder when ``--record``."""
+    if not args.record:
+        return workloads(kvstate_api(None, args.root), args.repeat, args.hybrid_only)
+    with tempfile.TemporaryDirectory() as workdir:
+        api = kvstate_api(workdir, args.root)
+        figures = workloads(api, args.repeat, args.hybrid_only)
+        for recorder in api["_recorders"]:
+            recorder.close()
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer-python", help="interpreter with vLLM 0.33 installed")
+    parser.add_argument("--baseline-root",
+                        help="an earlier kvstate source tree, timed in the same rounds")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", help="write a Markdown table here")
     parser.add_argument("--hybrid-only", action="store_true",
                         help="only the hybrid manager loops")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
+                        help="cpu: process CPU time (default); wall: elapsed time")
     parser.add_argument("--vllm-side", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kvstate-side", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global _clock
+    _clock = CLOCKS[args.clock]
     if args.vllm_side:
         json.dump(workloads(vllm_api(), args.repeat, args.hybrid_only), sys.stdout)
         return 0
+    if args.kvstate_side:
+        json.dump(kvstate_side(args), sys.stdout)
+        return 0
+    common = ["--repeat", str(args.repeat), "--clock", args.clock,
+              *(["--hybrid-only"] if args.hybrid_only else [])]
+    here = os.path.abspath(__file__)
+    sides: list[tuple[str, list[str]]] = []  # every side in its own process, one per round
+    if args.peer_python:
+        sides.append(("vLLM 0.33", [args.peer_python, here, "--vllm-side", *common]))
+    if args.baseline_root:
+        sides.append(("kvstate before (events on)",
+                      [sys.executable, here, "--kvstate-side", "--root",
+                       os.path.abspath(args.baseline_root), *common]))
+    sides.append(("kvstate (events on)", [sys.executable, here, "--kvstate-side", *common]))
+    sides.append(("kvstate (events + log recorder)",
+                  [sys.executable, here, "--kvstate-side", "--record", *common]))
     results: dict[str, dict[str, float]] = {}
-
-    def keep_best(name: str, figures: dict[str, float]) -> None:
-        best = results.setdefault(name, {})
-        for key, value in figures.items():
-            best[key] = min(value, best.get(key, value))
-
     env = dict(os.environ, PYTHONWARNINGS="ignore", VLLM_LOGGING_LEVEL="ERROR")
-    for _ in range(args.rounds):  # interleaved, so both sides see the same machine load
-        if args.peer_python:
-            proc = subprocess.run([args.peer_python, os.path.abspath(__file__), "--vllm-side",
-                                   "--repeat", str(args.repeat),
-                                   *(["--hybrid-only"] if args.hybrid_only else [])],
-                                  capture_output=True, text=True,
-                                  env=env)
+    for _ in range(args.rounds):  # interleaved, so every side sees the same machine load
+        for name, command in sides:
+            proc = subprocess.run(command, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return 2
-            keep_best("vLLM 0.33", json.loads(proc.stdout))
-        keep_best("kvstate (events on)", workloads(kvstate_api(None), args.repeat,
-                                                   args.hybrid_only))
-        with tempfile.TemporaryDirectory() as workdir:
-            api = kvstate_api(workdir)
-            keep_best("kvstate (events + log recorder)", workloads(api, args.repeat,
-                                                                   args.hybrid_only))
-            for recorder in api["_recorders"]:
-                recorder.close()
-    names = list(results)
-    rows = [f"| workload | {' | '.join(names)} |", "|---|" + "---:|" * len(names)]
-    for key in results[names[-1]]:
-        rows.append(f"| {key} | " + " | ".join(f"{results[n][key]:,.0f}" for n in names) + " |")
-    table = "\n".join(rows)
+            best = results.setdefault(name, {})
+            for key, value in json.loads(proc.stdout).items():
+                best[key] = min(value, best.get(key, value))
+    table = _table(results, args.peer_python is not None)
     print(table)
     if args.out:
         with open(args.out, "w") as handle:
             handle.write(f"<!-- generated by tools/bench_vllm.py on {platform.python_version()}, "
-                         f"{platform.machine()} -->\n{table}\n")
+                         f"{platform.machine()}, clock {args.clock} -->\n{table}\n")
     return 0
+
+
+def _table(results: dict[str, dict[str, float]], with_peer: bool) -> str:
+    names = list(results)
+    ratios = ["kvstate (events on)"] + [n for n in names if n.startswith("kvstate before")]
+    columns = names + ([f"{name.split(' (')[0]} / vLLM" for name in ratios] if with_peer else [])
+    rows = [f"| workload | {' | '.join(columns)} |", "|---|" + "---:|" * len(columns)]
+    for key in results["kvstate (events on)"]:
+        cells = [f"{results[name][key]:,.0f}" for name in names]
+        if with_peer:
+            peer = results["vLLM 0.33"][key]
+            cells += [f"{results[name][key] / peer:.2f}x" for name in ratios]
+        rows.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def plan_free_blocks(b: Builder, holder: RequestId, pages: Sequence[int], *, cac
     (the first given becomes the head), cached at the tail; ``caching`` off:
     all at the head.  ``close`` ends the request's table.
     """
-    real = tuple(page for page in pages if page != NULL)
+    real = tuple([page for page in pages if page != NULL]) if NULL in pages else tuple(pages)
     if real or close:
         b.emit(BlockRelease(holder, real, caching, close))
 
@@ -97,6 +97,8 @@ def plan_cache_chain(b: Builder, chain: BlockChain, pages: Sequence[int], num_ca
     Positions before ``num_cached`` are walked from ``last_node`` when it is
     still in the tree, else from the root; any missing on the way are
     rebuilt as hollow nodes.  Returns the node of position ``num_full - 1``.
+    A block's tokens are the first ``page_size`` items of its child key
+    (``kvstate.state.block_child_key``).
     """
     state = b.state
     nodes = state.nodes
@@ -115,13 +117,15 @@ def plan_cache_chain(b: Builder, chain: BlockChain, pages: Sequence[int], num_ca
     next_id = state.next_node_id
     walking = True  # still on existing nodes; once one is missing, every later one is new
     extras = chain.block_extra_keys
+    size = state.geometry.page_size
     for position in range(first, num_full):
-        child = nodes[current].children.get(keys[position]) if walking else None
+        key = keys[position]
+        child = nodes[current].children.get(key) if walking else None
         if child is None:
             walking = False
             child, next_id = next_id, next_id + 1
         page = pages[position - num_cached] if position >= num_cached else NULL
-        entries.append((child, chain.block_tokens(position), extras[position], page))
+        entries.append((child, key[:size], extras[position], page))
         current = child
     b.emit(BlockCache(parent, tuple(entries), num_cached - first))
     return current
@@ -152,11 +156,16 @@ def plan_remove_skipped(b: Builder, request_id: RequestId, num_computed: int, *,
     Their table entries become null; the walk stops at the first null (all
     before it were removed earlier).
     """
-    record = b.state.requests.get(request_id)
-    if window is None or record is None:
+    if window is None:
+        return
+    state = b.state
+    record = state.requests.get(request_id)
+    if record is None:
         return
     table = record.pages
-    count = min(skipped_tokens(window, num_computed) // b.state.geometry.page_size, len(table))
+    count = min(skipped_tokens(window, num_computed) // state.geometry.page_size, len(table))
+    if not count or table[count - 1] == NULL:  # nothing left the window since the last call
+        return
     pages = []
     for index in range(count - 1, -1, -1):
         if table[index] == NULL:
@@ -241,7 +250,7 @@ def plan_free_request(b: Builder, request_id: RequestId, *, caching: bool) -> No
     """Release the request's whole table, last block first (tail blocks are evicted first)."""
     record = b.state.requests.get(request_id)
     if record is not None:
-        plan_free_blocks(b, request_id, tuple(reversed(record.pages)), caching=caching, close=True)
+        plan_free_blocks(b, request_id, record.pages[::-1], caching=caching, close=True)
 
 
 def _open(b: Builder, request_id: RequestId) -> None:

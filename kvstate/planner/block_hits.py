@@ -10,12 +10,10 @@ are in ``kvstate.planner.block``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
-
-import attrs
+from typing import Any, NamedTuple, Protocol
 
 from kvstate.planner.alloc import cdiv
-from kvstate.state import ROOT, RequestId, block_child_key
+from kvstate.state import ROOT, RequestId
 
 NULL = 0  # the null block: pads sliding-window tables; never held, queued or cached
 
@@ -30,11 +28,11 @@ class BlockChain(Protocol):
     def block_tokens(self, index: int) -> tuple[int, ...]: ...
 
 
-@attrs.frozen
-class Running:
+class Running(NamedTuple):
     """vLLM's ``num_cached_block`` of a running request, and ``last_node``: the tree node of
     entry ``num_cached - 1`` (ROOT: unknown).  Node ids are never reused, so that memo is
-    right exactly while the node is still in the tree."""
+    right exactly while the node is still in the tree.  (A named tuple: one is made per
+    caching call, and a tuple is several times cheaper to build than an attrs class.)"""
 
     num_cached: int = 0
     last_node: int = ROOT
@@ -111,17 +109,23 @@ def blocks_to_allocate(state: Any, request_id: RequestId, running: bool, num_tok
         return max(required - table, 0)
     skipped = skipped_tokens(window, total_computed) // size
     new = max(required - max(skipped, len(hits) + table), 0)
+    if not hits:
+        return new
     holders = state.holders
     kept = hits[max(0, skipped - table):]
-    return new + sum(1 for page in kept if page != NULL and page not in holders)
+    return new + len([page for page in kept if page != NULL and page not in holders])
 
 
 def check_hits(state: Any, request_id: RequestId, chain: BlockChain, running: Running | None,
-               hits: Sequence[int], num_local: int, *, window: int | None, caching: bool) -> None:
+               hits: Sequence[int], num_local: int, *, window: int | None, caching: bool,
+               found_here: bool = False) -> None:
     """``ValueError`` unless ``hits`` can be the ``get_computed_blocks`` hit of a new request.
 
-    Each real hit must be a cached copy of the node at its chain position,
-    once; a running request or one that already has blocks takes none.
+    Each real hit must be a cached copy of the node at its chain position
+    (the node its parent indexes under the chain's key there), once; a
+    running request or one that already has blocks takes none.
+    ``found_here``: the caller's own lookup returned ``hits`` for this chain
+    in this very state, so the per-block check is skipped (the others are not).
     """
     if running is not None:
         if hits:
@@ -131,18 +135,24 @@ def check_hits(state: Any, request_id: RequestId, chain: BlockChain, running: Ru
     if record is not None and record.pages:
         raise ValueError(f"request {request_id!r} already has blocks; only a new request "
                          "takes prefix hits")
-    if len(hits) > len(chain.block_keys):
-        raise ValueError(f"{len(hits)} hit blocks for {len(chain.block_keys)} full blocks")
+    if not found_here:
+        keys = chain.block_keys
+        if len(hits) > len(keys):
+            raise ValueError(f"{len(hits)} hit blocks for {len(keys)} full blocks")
     skipped = skipped_tokens(window, num_local) // state.geometry.page_size
     if not caching and len(hits) > skipped:
         raise ValueError("computed blocks must be empty when prefix caching is disabled")
-    page_node, nodes, keys = state.page_node, state.nodes, chain.block_keys
+    if found_here:
+        return
+    page_node, nodes = state.page_node, state.nodes
     seen: set[int] = set()
     for position, page in enumerate(hits):
         if page == NULL:
             continue
-        node = nodes.get(page_node.get(page, -1))
-        if node is None or block_child_key(node.key, node.extra) != keys[position] or page in seen:
+        node_id = page_node.get(page, -1)
+        node = nodes.get(node_id)
+        if node is None or page in seen or \
+                nodes[node.parent].children.get(keys[position]) != node_id:
             raise ValueError(f"block {page} is not a cached copy of block {position} of request "
                              f"{request_id!r} (or it is given twice)")
         seen.add(page)

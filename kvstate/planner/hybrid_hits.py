@@ -12,22 +12,21 @@ blocks are the copies on its path.  Here:
   (``num_cached_block``, Mamba's state-block bookkeeping), an input and an
   output of the decisions, never core state;
 * ``longest_hit``: the fixed-point longest hit across groups;
-* ``retained``: which newly full blocks a group caches (retention masks);
-* ``blocks_needed``: vLLM's free-block predictor, admission cap and the
-  Mamba refusal of a state cached in the same step included.
+* ``retained``: which newly full blocks a group caches (retention masks).
 
-The decisions built on them are in ``kvstate.planner.hybrid_vllm``.
+The free-block predictor is in ``kvstate.planner.hybrid_step``; the
+decisions built on both are in ``kvstate.planner.hybrid_vllm``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import attrs
 
 from kvstate.planner.alloc import cdiv
-from kvstate.planner.block_hits import NULL, BlockChain, Running, blocks_to_allocate
+from kvstate.planner.block_hits import NULL, BlockChain, Running
 from kvstate.state import ROOT, RequestId
 
 FULL, SWA, MAMBA = "full", "swa", "mamba"
@@ -55,16 +54,26 @@ class HybridLayout:
     retention: int | None
     caching: bool
     hybrid: bool
+    releases: bool = attrs.field(init=False)  # a group frees blocks as tokens are computed
+    has_mamba: bool = attrs.field(init=False)
+
+    @releases.default
+    def _any_release(self) -> bool:
+        return any(rule.kind != FULL for rule in self.rules)
+
+    @has_mamba.default
+    def _any_mamba(self) -> bool:
+        return any(rule.kind == MAMBA for rule in self.rules)
 
 
-@attrs.frozen
-class GroupCursor:
+class GroupCursor(NamedTuple):
     """vLLM's per-group counters of one request.
 
     ``cached``: ``num_cached_block`` (+ tree memo), None while vLLM does not
     track the request (then it is not "running" for that group).  Mamba
     only: ``last_state`` (``last_state_block_idx``), ``retired``
     (``_num_retired_blocks``), ``allocated`` (in ``_allocated_block_reqs``).
+    A named tuple: a decision makes several, and tuples are cheap to build.
     """
 
     cached: Running | None = None
@@ -251,35 +260,3 @@ def reachable_boundaries(request: GroupedRequest) -> tuple[int, ...]:
     junction = request.shared_prefix_boundary
     replay = request.num_prompt_tokens - 1
     return (replay, junction) if junction else (replay,)
-
-
-# -- the predictor ------------------------------------------------------------------------------
-def blocks_needed(state: Any, layout: HybridLayout, holders: Sequence[str],
-                  hashes: Sequence[bytes], cursors: Sequence[GroupCursor],
-                  hits: Sequence[Sequence[int]], *, num_tokens: int, main_tokens: int,
-                  total_computed: int, admission: bool, fresh: FreshStates) -> int:
-    """vLLM's ``get_num_blocks_to_allocate`` summed over the groups (it may overshoot the pool:
-    a Mamba hit on a state cached this step asks for more blocks than exist)."""
-    size = state.geometry.page_size
-    page_holders = state.holders
-    total = 0
-    for group, rule in enumerate(layout.rules):
-        holder = holders[group]
-        given = hits[group]
-        if rule.kind != MAMBA:
-            cap = rule.admission_cap if admission else None
-            window = rule.window if rule.kind == SWA else None
-            computed = total_computed - rule.extra_retained  # the window keeps extra tokens
-            total += blocks_to_allocate(state, holder, cursors[group].cached is not None,
-                                        num_tokens, given, computed, window, cap)
-            continue
-        if given and given[-1] != NULL and (group, hashes[len(given) - 1]) in fresh:
-            total += state.geometry.num_pages + 2  # vLLM's num_gpu_blocks + 1: never fits
-            continue
-        record = state.requests.get(holder)
-        table = 0 if record is None else len(record.pages)
-        new = cdiv(main_tokens, size) - len(given) - table
-        if new > 0:
-            new = 1  # one running-state block per step (no checkpoint or speculative blocks)
-        total += new + sum(1 for page in given if page != NULL and page not in page_holders)
-    return total

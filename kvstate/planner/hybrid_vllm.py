@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
-
 from kvstate.events import BlockHold, ReqAlloc
 from kvstate.planner.alloc import cdiv
 from kvstate.planner.block import (
@@ -35,38 +33,35 @@ from kvstate.planner.block import (
 from kvstate.planner.block_hits import NULL, Running, check_hits
 from kvstate.planner.builder import Builder
 from kvstate.planner.hybrid_hits import (
+    FULL,
     MAMBA,
     SWA,
     FreshStates,
     GroupCursor,
     GroupedRequest,
     HybridLayout,
-    blocks_needed,
     reachable_boundaries,
     retained,
     skipped_blocks,
 )
+from kvstate.planner.hybrid_step import blocks_needed
 from kvstate.state import ROOT
 
 Cursors = tuple[GroupCursor, ...]
 
 
-@attrs.frozen
-class HybridAllocation:
-    """What ``plan_hybrid_allocate`` did: per group the blocks it returns (vLLM's new blocks;
-    Mamba's include the nulls it padded with), or None when refused; the request's cursors
-    (they change even on a refusal: blocks left the window first); the Mamba states it cached."""
-
-    new_pages: tuple[tuple[int, ...], ...] | None
-    cursors: Cursors
-    fresh: frozenset[tuple[int, bytes]]
+# What ``plan_hybrid_allocate`` did: per group the blocks it returns (vLLM's new blocks; Mamba's
+# include the nulls it padded with), or None when refused; the request's cursors (they change
+# even on a refusal: blocks left the window first); the Mamba states it cached.  A plain tuple.
+HybridAllocation = tuple[tuple[tuple[int, ...], ...] | None, Cursors, tuple[tuple[int, bytes], ...]]
 
 
 def plan_hybrid_allocate(b: Builder, layout: HybridLayout, holders: Sequence[str],
                          request: GroupedRequest, cursors: Cursors,
-                         hits: Sequence[Sequence[int]] | None, *, num_local: int, total: int,
+                         hits: Sequence[Sequence[int]] | None, *, num_local: int,
                          need_slots: int, main_tokens: int, cache_upto: int, remove_upto: int,
-                         full_tokens: int | None, fresh: FreshStates) -> HybridAllocation:
+                         full_tokens: int | None, fresh: FreshStates,
+                         hits_found_here: bool = False) -> HybridAllocation:
     """vLLM ``allocate_slots`` for a hybrid layout once its arguments are checked.
 
     ``holders``: the request's core request per group (``group_holders``).
@@ -76,76 +71,93 @@ def plan_hybrid_allocate(b: Builder, layout: HybridLayout, holders: Sequence[str
     order: blocks leaving each group's window or state are freed (kept even
     when refused), the capacity check, the hits held (nulls for skipped
     positions), each group's new blocks, and caching up to ``cache_upto``.
-    Bad hits raise ``ValueError`` before any event.
+    Bad hits raise ``ValueError`` before any event (``hits_found_here``: the
+    caller's own lookup found them in this state; see ``check_hits``).
     """
     state = b.state
     rules = layout.rules
-    given: Sequence[Sequence[int]] = hits if hits is not None else ((),) * len(rules)
     if hits is not None:
         for group, rule in enumerate(rules):
             check_hits(state, holders[group], request.group_chain(group), cursors[group].cached,
                        hits[group], num_local, window=rule.window or None,
-                       caching=layout.caching)
+                       caching=layout.caching, found_here=hits_found_here)
     hashes = request.block_hashes
     if full_tokens is not None and blocks_needed(
-            state, layout, holders, hashes, cursors, given, num_tokens=full_tokens,
-            main_tokens=full_tokens, total_computed=total, admission=True,
+            state, layout, holders, hashes, cursors, hits, num_tokens=full_tokens,
+            main_tokens=full_tokens, total_computed=num_local, admission=True,
             fresh=fresh) > len(state.free_pages):
-        return HybridAllocation(None, cursors, frozenset())
-    cursors = plan_hybrid_remove_skipped(b, layout, holders, cursors, remove_upto)
-    state = b.state
-    if blocks_needed(state, layout, holders, hashes, cursors, given, num_tokens=need_slots,
+        return None, cursors, ()
+    if layout.releases:
+        cursors = plan_hybrid_remove_skipped(b, layout, holders, cursors, remove_upto)
+        state = b.state
+    if blocks_needed(state, layout, holders, hashes, cursors, hits, num_tokens=need_slots,
                      main_tokens=main_tokens, total_computed=num_local, admission=False,
                      fresh=fresh) > len(state.free_pages):
-        return HybridAllocation(None, cursors, frozenset())
+        return None, cursors, ()
     size = state.geometry.page_size
     if hits is not None and all(cursor.cached is None for cursor in cursors):
-        touched = []  # every group's hits first, so no group's new blocks evict another's hits
-        for group, rule in enumerate(rules):
-            skipped = max(0, skipped_blocks(rule, num_local, size))
-            pages = (NULL,) * skipped + tuple(hits[group][skipped:])
-            if pages:
-                _open(b, holders[group])
-                b.emit(BlockHold(holders[group], pages))
-            cursor = cursors[group]
-            touched.append(GroupCursor(Running(len(pages)), cursor.last_state, cursor.retired,
-                                       cursor.allocated))
-        cursors = tuple(touched)
-    new_pages = []
-    grown = []
+        cursors = _hold_hits(b, layout, holders, cursors, hits, num_local, size)
+    required = -(-need_slots // size)
+    new_pages: list[tuple[int, ...]] = []
+    grown: list[GroupCursor] | None = None
     for group, rule in enumerate(rules):
+        holder = holders[group]
+        record = b.state.requests.get(holder)
+        length = 0 if record is None else len(record.pages)
         if rule.kind == MAMBA:
-            pages, cursor = _mamba_new_blocks(b, holders[group], cursors[group], main_tokens)
+            pages, cursor = _mamba_new_blocks(b, holder, cursors[group], main_tokens, length)
+            if cursor is not cursors[group]:
+                grown = grown or list(cursors)
+                grown[group] = cursor
+        elif required > length:
+            if record is None:
+                b.emit(ReqAlloc((holder,)))
+            pages = tuple(plan_get_new_blocks(b, holder, required - length))
         else:
-            pages, cursor = _new_blocks(b, holders[group], need_slots), cursors[group]
+            pages = ()
         new_pages.append(pages)
-        grown.append(cursor)
-    cursors = tuple(grown)
-    added: frozenset[tuple[int, bytes]] = frozenset()
+    if grown is not None:
+        cursors = tuple(grown)
+    added: tuple[tuple[int, bytes], ...] = ()
     if layout.caching:
         cursors, added = plan_hybrid_cache(b, layout, holders, request, cursors, cache_upto)
-    return HybridAllocation(tuple(new_pages), cursors, added)
+    return tuple(new_pages), cursors, added
 
 
-def _new_blocks(b: Builder, holder: str, need_slots: int) -> tuple[int, ...]:
-    state = b.state
-    record = state.requests.get(holder)
-    count = cdiv(need_slots, state.geometry.page_size) - (0 if record is None else
-                                                          len(record.pages))
-    if count <= 0:
-        return ()
-    _open(b, holder)
-    return tuple(plan_get_new_blocks(b, holder, count))
+def _hold_hits(b: Builder, layout: HybridLayout, holders: Sequence[str], cursors: Cursors,
+               hits: Sequence[Sequence[int]], num_local: int, size: int) -> Cursors:
+    """Every group's hits first (so no group's new blocks evict another's hits), nulls for the
+    positions a group skips; the groups that hold anything are opened in one ``ReqAlloc``.
+    Each cursor remembers the tree node of its last hit (caching continues from there)."""
+    held = []
+    for group, rule in enumerate(layout.rules):
+        skipped = max(0, skipped_blocks(rule, num_local, size))
+        held.append((NULL,) * skipped + tuple(hits[group][skipped:]))
+    requests = b.state.requests
+    opened = tuple(holders[group] for group, pages in enumerate(held)
+                   if pages and holders[group] not in requests)
+    if opened:
+        b.emit(ReqAlloc(opened))
+    page_node = b.state.page_node
+    touched = []
+    for group, pages in enumerate(held):
+        last = ROOT
+        if pages:
+            b.emit(BlockHold(holders[group], pages))
+            if pages[-1] != NULL:
+                last = page_node[pages[-1]]
+        cursor = cursors[group]
+        touched.append(GroupCursor(Running(len(pages), last), cursor.last_state, cursor.retired,
+                                   cursor.allocated))
+    return tuple(touched)
 
 
-def _mamba_new_blocks(b: Builder, holder: str, cursor: GroupCursor,
-                      main_tokens: int) -> tuple[tuple[int, ...], GroupCursor]:
-    """Mamba "align": the table covers the tokens with nulls and one running-state block at the
-    end; the previous state block is remembered so the next step frees it."""
-    state = b.state
-    record = state.requests.get(holder)
-    length = 0 if record is None else len(record.pages)
-    required = cdiv(main_tokens, state.geometry.page_size)
+def _mamba_new_blocks(b: Builder, holder: str, cursor: GroupCursor, main_tokens: int,
+                      length: int) -> tuple[tuple[int, ...], GroupCursor]:
+    """Mamba "align": the table (``length`` entries) covers the tokens with nulls and one
+    running-state block at the end; the previous state block is remembered so the next step
+    frees it."""
+    required = cdiv(main_tokens, b.state.geometry.page_size)
     if required <= length:
         if cursor.allocated:
             return (), cursor
@@ -206,43 +218,56 @@ def _mamba_remove(b: Builder, holder: str, cursor: GroupCursor, num_computed: in
 
 def plan_hybrid_cache(b: Builder, layout: HybridLayout, holders: Sequence[str],
                       request: GroupedRequest, cursors: Cursors,
-                      num_tokens: int) -> tuple[Cursors, frozenset[tuple[int, bytes]]]:
+                      num_tokens: int) -> tuple[Cursors, tuple[tuple[int, bytes], ...]]:
     """vLLM's coordinator ``cache_blocks``: each group caches its newly full blocks (one
     ``BlockCache`` per group with new blocks; nulls and blocks outside the retention mask keep
     their chain position without a copy).  Returns the cursors and the Mamba states cached."""
     size = b.state.geometry.page_size
     if layout.hybrid:
         num_tokens = num_tokens // size * size  # hits land on scheduler blocks
-    hashes = request.block_hashes
-    num_full = min(num_tokens, len(hashes) * size) // size
-    prompt_state = num_tokens > 0 and num_tokens == (request.num_prompt_tokens - 1) // size * size
-    out = list(cursors)
-    fresh: set[tuple[int, bytes]] = set()
-    for group, rule in enumerate(layout.rules):
-        cursor = cursors[group]
-        num_cached = 0 if cursor.cached is None else cursor.cached.num_cached
+    num_full = min(num_tokens, len(request.block_hashes) * size) // size
+    prompt_state = layout.has_mamba and num_tokens > 0 and \
+        num_tokens == (request.num_prompt_tokens - 1) // size * size
+    out: list[GroupCursor] | None = None
+    fresh: list[tuple[int, bytes]] = []
+    for group, cursor in enumerate(cursors):
+        cached = cursor.cached
+        num_cached = 0 if cached is None else cached.num_cached
         if num_cached < num_full:
-            table = b.state.requests[holders[group]].pages if holders[group] in \
-                b.state.requests else ()
-            if len(table) < num_full:
-                raise ValueError(f"request {holders[group]!r} has {len(table)} blocks, fewer "
-                                 f"than {num_full} full blocks to cache")
-            pages = list(table[num_cached:num_full])
-            mask = retained(rule, layout.retention, num_cached, num_full, size,
-                            reachable_boundaries(request))
-            if mask is not None:
-                pages = [page if keep else NULL for page, keep in zip(pages, mask, strict=True)]
-            memo = ROOT if cursor.cached is None else cursor.cached.last_node
-            last = plan_cache_chain(b, request.group_chain(group), pages, num_cached, num_full,
-                                    memo)
-            out[group] = GroupCursor(Running(num_full, last), cursor.last_state,
-                                     cursor.retired, cursor.allocated)
-            if rule.kind == MAMBA:
-                fresh.update((group, hashes[num_cached + index])
-                             for index, page in enumerate(pages) if page != NULL)
-        if rule.kind == MAMBA and prompt_state:
-            fresh.update(_recache_prompt_state(b, group, holders[group], request, num_tokens))
-    return tuple(out), frozenset(fresh)
+            out = out or list(cursors)
+            out[group] = _cache_group(b, layout, group, holders[group], request, cursor,
+                                      num_cached, num_full, fresh)
+        if prompt_state and layout.rules[group].kind == MAMBA:
+            fresh.extend(_recache_prompt_state(b, group, holders[group], request, num_tokens))
+    return (cursors if out is None else tuple(out)), tuple(fresh)
+
+
+def _cache_group(b: Builder, layout: HybridLayout, group: int, holder: str,
+                 request: GroupedRequest, cursor: GroupCursor, num_cached: int, num_full: int,
+                 fresh: list[tuple[int, bytes]]) -> GroupCursor:
+    """One group's ``cache_blocks``: blocks ``[num_cached, num_full)`` of its table, masked by
+    the retention rule, in one ``BlockCache``; a Mamba group's cached states join ``fresh``."""
+    state = b.state
+    record = state.requests.get(holder)
+    table = () if record is None else record.pages
+    if len(table) < num_full:
+        raise ValueError(f"request {holder!r} has {len(table)} blocks, fewer "
+                         f"than {num_full} full blocks to cache")
+    rule = layout.rules[group]
+    pages = table[num_cached:num_full]
+    if rule.kind != FULL:
+        mask = retained(rule, layout.retention, num_cached, num_full,
+                        state.geometry.page_size, reachable_boundaries(request))
+        if mask is not None:
+            pages = [page if keep else NULL for page, keep in zip(pages, mask, strict=True)]
+    memo = ROOT if cursor.cached is None else cursor.cached.last_node
+    last = plan_cache_chain(b, request.group_chain(group), pages, num_cached, num_full, memo)
+    if rule.kind == MAMBA:
+        hashes = request.block_hashes
+        fresh.extend((group, hashes[num_cached + index])
+                     for index, page in enumerate(pages) if page != NULL)
+    return GroupCursor(Running(num_full, last), cursor.last_state, cursor.retired,
+                       cursor.allocated)
 
 
 def _recache_prompt_state(b: Builder, group: int, holder: str, request: GroupedRequest,

@@ -29,7 +29,6 @@ blocks belong to ``group_idx`` (0 for a one-group pool).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
 from typing import Any
 
 from kvstate.events import BlockCache, BlockClear, BlockUncache, Event
@@ -45,6 +44,7 @@ from kvstate.vllm.hashing import to_event_extra_keys as _untag
 from kvstate.vllm.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 GROUP_TAG = "group"  # the extra key that names a block's KV-cache group: ("group", g)
+_LOW_64 = (1 << 64) - 1  # a published hash is the digest's low 64 bits (external_block_hash)
 
 
 def split_group(extra: Any, default: int) -> tuple[int, Any]:
@@ -53,6 +53,16 @@ def split_group(extra: Any, default: int) -> tuple[int, Any]:
         rest = extra[1:]
         return extra[0][1], (rest if rest else None)
     return default, extra
+
+
+# A ``BlockStored`` waiting to be taken, as a plain tuple (hashes, parent hash, token ids, block
+# size, lora_id, lora_name, extra keys, group): built once, when taken, with the group's spec
+# kind and window if the taker names them (the manager does, the pool does not).
+_Stored = tuple[list[int], int | None, list[int], int, int | None, str | None, list[Any] | None,
+                int]
+
+
+Spec = tuple[str | None, int | None]  # a group's (kv_cache_spec_kind, sliding window)
 
 
 class NodeHashes:
@@ -69,21 +79,36 @@ class NodeHashes:
         self.parent: dict[int, int] = {}  # node id -> parent node id
         self.depth: dict[int, int] = {}  # node id -> nodes on its path from the root (itself too)
         self.group: dict[int, int] = {}  # node id -> KV-cache group
-        self.node_of: dict[bytes, int] = {}  # block hash + group id (vLLM's key) -> node id
+        # block hash + group id (vLLM's key) -> node id: built on first use (``node_of``), then
+        # kept; a manager that never looks a hash up never pays for it.
+        self._node_of: dict[bytes, int] | None = None
         # Offered by a front end for the batch it commits next (cleared when a batch ends):
         # the block hashes of the request whose chain it caches, by chain position.
         self.hints: Sequence[bytes] | None = None
         self.lora_id: int | None = None  # published lora_id of that batch's BlockStored
-        self.events: list[KVCacheEvent] = []
+        self.events: list[KVCacheEvent | _Stored] = []
+
+    @property
+    def node_of(self) -> dict[bytes, int]:
+        """vLLM's cache-map key (``block_hash_with_group_id``) -> node id, for live nodes."""
+        found = self._node_of
+        if found is None:
+            group = self.group
+            found = self._node_of = {
+                block_hash_with_group_id(value, group.get(node_id, self.group_idx)): node_id
+                for node_id, value in self.digest.items()}
+        return found
 
     def before(self, event: Event, view: Any) -> None:
         """Hashes the event needs, from the state it applies to (it or a later event of the
         batch may prune those nodes): a ``BlockCache``'s parent, a ``BlockUncache``'s nodes."""
-        if isinstance(event, BlockCache):
-            if event.parent != ROOT:
-                self.digest_of(event.parent, view)
-        elif isinstance(event, BlockUncache):
-            for node_id in event.nodes:
+        kind = type(event)
+        if kind is BlockCache:
+            parent = event.parent  # type: ignore[attr-defined]
+            if parent != ROOT and parent not in self.digest:
+                self.digest_of(parent, view)
+        elif kind is BlockUncache:
+            for node_id in event.nodes:  # type: ignore[attr-defined]
                 self.digest_of(node_id, view)
 
     def discard(self, event: Event) -> None:
@@ -99,13 +124,17 @@ class NodeHashes:
         pruned: list[int] = []
         try:
             for event in events:
-                if isinstance(event, BlockCache):
-                    self._on_cache(event, view)
-                    pruned.append(event.entries[-1][0] if event.entries else ROOT)
-                elif isinstance(event, BlockUncache):
-                    self._on_uncache(event)
-                    pruned.extend(dict.fromkeys(event.nodes))
-                elif isinstance(event, BlockClear):
+                kind = type(event)
+                if kind is BlockCache:
+                    entries = event.entries  # type: ignore[attr-defined]
+                    self._on_cache(event, view)  # type: ignore[arg-type]
+                    last = entries[-1][0] if entries else ROOT
+                    if last not in view.nodes:  # a masked tail the rules pruned at once
+                        pruned.append(last)
+                elif kind is BlockUncache:
+                    self._on_uncache(event)  # type: ignore[arg-type]
+                    pruned.extend(dict.fromkeys(event.nodes))  # type: ignore[attr-defined]
+                elif kind is BlockClear:
                     self._on_clear()
             for node_id in pruned:
                 self._forget_pruned(node_id, view)
@@ -118,13 +147,26 @@ class NodeHashes:
         self.parent.clear()
         self.depth.clear()
         self.group.clear()
-        self.node_of.clear()
+        if self._node_of is not None:
+            self._node_of.clear()
         if self.emit_events:
             self.events.append(AllBlocksCleared())
 
-    def take_events(self) -> list[KVCacheEvent]:
+    def take_events(self, specs: Sequence[Spec] | None = None) -> list[KVCacheEvent]:
+        """Drain the queued vLLM events; with ``specs`` (per group), each ``BlockStored`` of a
+        group in range carries that group's spec kind and window."""
         events, self.events = self.events, []
-        return events
+        out: list[KVCacheEvent] = []
+        for event in events:
+            if type(event) is tuple:
+                hashes, parent, tokens, size, lora_id, lora_name, extras, group = event
+                kind, window = specs[group] if specs is not None and 0 <= group < len(specs) \
+                    else (None, None)
+                out.append(BlockStored(hashes, parent, tokens, size, lora_id, MEDIUM_GPU,
+                                       lora_name, extras, group, kind, window))
+            else:
+                out.append(event)  # type: ignore[arg-type]
+        return out
 
     def digest_of(self, node_id: int, state: Any) -> bytes | None:
         """The hash of ``node_id`` (computed from the tree path if not known yet)."""
@@ -156,51 +198,71 @@ class NodeHashes:
         self.parent[node_id] = parent_id
         self.depth[node_id] = 1 if parent_id == ROOT else self.depth[parent_id] + 1
         self.group[node_id] = group
-        self.node_of[block_hash_with_group_id(value, group)] = node_id
+        if self._node_of is not None:
+            self._node_of[block_hash_with_group_id(value, group)] = node_id
 
     def _on_cache(self, event: BlockCache, state: Any) -> None:
         # An offer holds for its whole batch: every BlockCache of a manager's batch caches the
         # same request (one per KV-cache group for a hybrid model); ``after`` withdraws it.
         hints = self.hints
-        lora_id = self.lora_id
         parent_id = event.parent
-        parent_digest = self.none_hash if parent_id == ROOT else self.digest_of(parent_id, state)
-        chain_parent = None if parent_id == ROOT else parent_digest  # it may be pruned below
-        # Entry i sits at chain position depth(parent) + i.
-        offset = 0 if parent_id == ROOT else self.depth[parent_id]
-        entry_digests: list[bytes] = []
-        digest = self.digest
-        group = self.group_idx
-        for index, (node_id, key, extra, _page) in enumerate(event.entries):
-            group, plain = split_group(extra, self.group_idx)
+        if parent_id == ROOT:
+            parent_digest, chain_parent, offset = self.none_hash, None, 0
+        else:
+            parent_digest = self.digest_of(parent_id, state)  # type: ignore[assignment]
+            chain_parent, offset = parent_digest, self.depth[parent_id]  # it may be pruned below
+        entries = event.entries
+        digests: list[bytes] = []
+        digest, parents, depths, groups = self.digest, self.parent, self.depth, self.group
+        node_of = self._node_of
+        live = state.nodes  # a node the batch pruned again (a masked tail) is not remembered
+        default = group = self.group_idx
+        plain_only = True  # no entry has extra keys besides its group's
+        for index, (node_id, key, extra, _page) in enumerate(entries):
+            if extra and extra[0][0] == GROUP_TAG:
+                group, plain = extra[0][1], (extra[1:] or None)  # type: ignore[assignment]
+            else:
+                group, plain = default, extra
+            if plain is not None:
+                plain_only = False
             value = digest.get(node_id)
             if value is None:
-                if hints is not None and offset + index < len(hints):
-                    value = hints[offset + index]
+                position = offset + index
+                if hints is not None and position < len(hints):
+                    value = hints[position]
                 else:
                     value = hash_block_tokens(parent_digest, key, plain, hash_seed=self.hash_seed,
                                               hash_algo=self.hash_algo)
-                self._remember(node_id, parent_id, value, group)
-            entry_digests.append(value)
+                if node_id in live:
+                    digest[node_id] = value
+                    parents[node_id] = parent_id
+                    depths[node_id] = position + 1
+                    groups[node_id] = group
+                    if node_of is not None:
+                        node_of[block_hash_with_group_id(value, group)] = node_id
+            digests.append(value)
             parent_id, parent_digest = node_id, value
         if self.emit_events:
-            self.events.append(self._stored(event, entry_digests, chain_parent, group, lora_id))
+            self.events.append(self._stored(event, digests, chain_parent, group, plain_only))
 
     def _stored(self, event: BlockCache, digests: list[bytes], chain_parent: bytes | None,
-                group: int, lora_id: int | None) -> BlockStored:
+                group: int, plain_only: bool) -> _Stored:
         start = event.stored_from
         entries = event.entries[start:]
         before = digests[start - 1] if start > 0 else chain_parent
-        parent = None if before is None else external_block_hash(before)
-        hashes = [external_block_hash(digests[start + i]) for i, entry in enumerate(entries)
-                  if entry[3]]
-        extras: list[Any] = [split_group(entry[2], group)[1] for entry in entries if entry[3]]
-        tokens = list(chain.from_iterable(entry[1] for entry in entries))
-        lora_name = _lora_name(split_group(entries[0][2], group)[1]) if entries else None
-        return BlockStored(
-            block_hashes=hashes, parent_block_hash=parent, token_ids=tokens,
-            block_size=len(entries[0][1]) if entries else 0, lora_id=lora_id, medium=MEDIUM_GPU,
-            lora_name=lora_name, extra_keys=_untag(extras), group_idx=group)
+        parent = None if before is None else int.from_bytes(before, "big") & _LOW_64
+        hashes = [int.from_bytes(digests[index], "big") & _LOW_64
+                  for index, entry in enumerate(entries, start) if entry[3]]
+        if plain_only:
+            extras: list[Any] | None = [None] * len(hashes) or None
+            lora_name = None
+        else:
+            extras = _untag([split_group(entry[2], group)[1] for entry in entries if entry[3]])
+            lora_name = _lora_name(split_group(entries[0][2], group)[1]) if entries else None
+        tokens = list(entries[0][1]) if len(entries) == 1 else \
+            [token for entry in entries for token in entry[1]]
+        return (hashes, parent, tokens, len(entries[0][1]) if entries else 0, self.lora_id,
+                lora_name, extras, group)
 
     def _on_uncache(self, event: BlockUncache) -> None:
         if self.emit_events:
@@ -215,13 +277,14 @@ class NodeHashes:
     def _forget_pruned(self, node_id: int, state: Any) -> None:
         """Drop memo entries of ``node_id`` and ancestors the rules pruned."""
         nodes = state.nodes
+        node_of = self._node_of
         while node_id != ROOT and node_id not in nodes:
             value = self.digest.pop(node_id, None)
             group = self.group.pop(node_id, self.group_idx)
-            if value is not None:
+            if value is not None and node_of is not None:
                 key = block_hash_with_group_id(value, group)
-                if self.node_of.get(key) == node_id:
-                    del self.node_of[key]
+                if node_of.get(key) == node_id:
+                    del node_of[key]
             self.depth.pop(node_id, None)
             parent = self.parent.pop(node_id, None)
             if parent is None:

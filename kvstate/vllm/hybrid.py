@@ -13,12 +13,15 @@ vLLM's ``HybridKVCacheCoordinator``.  On the core:
   block's hash carries its group and the KV events their ``group_idx``.
 
 Every decision is made by ``kvstate.planner.hybrid_vllm`` (reads in
-``kvstate.planner.hybrid_hits``) inside one engine batch per call.  The
-manager owns vLLM's API, the per-request ``GroupCursor`` tuples (vLLM's
-per-group counters), the Mamba states cached in the current step
-(``fresh_states``, cleared by ``new_step_starts``) and the statistics.
-:meth:`HybridKVCacheManager.mamba_block_aligned_split` reproduces the
-scheduler's Mamba chunk split so a driver follows vLLM's prefill chunks.
+``kvstate.planner.hybrid_hits`` and ``hybrid_step``) inside one engine
+batch per call that changes anything (``kvstate.vllm.call_batch``: a call
+that decides nothing opens none).  This class owns vLLM's calls that
+change state, the per-request ``GroupCursor`` tuples (vLLM's per-group
+counters), the Mamba states cached in the current step (``fresh_states``,
+cleared by ``new_step_starts``) and the statistics; the reading calls, the
+Mamba chunk split and the shared argument checks are in its base
+``kvstate.vllm.hybrid_reads.HybridReads``; the shortcut for decode steps
+that change nothing is ``kvstate.vllm.hybrid_idle.IdleSteps``.
 """
 
 from __future__ import annotations
@@ -27,32 +30,27 @@ from typing import Any
 
 from kvstate.events import MAX_NAME_CHARS
 from kvstate.planner.alloc import cdiv
-from kvstate.planner.hybrid_hits import (
-    MAMBA,
-    GroupCursor,
-    blocks_needed,
-    group_holders,
-    longest_hit,
-)
+from kvstate.planner.hybrid_hits import MAMBA, GroupCursor, group_holders
+from kvstate.planner.hybrid_step import step_is_idle
 from kvstate.planner.hybrid_vllm import (
     plan_hybrid_allocate,
     plan_hybrid_cache,
     plan_hybrid_free,
     plan_hybrid_remove_skipped,
 )
-from kvstate.vllm.block_pool import BlockPool, KVCacheBlock
+from kvstate.vllm.block_pool import BlockPool
 from kvstate.vllm.blocks import KVCacheBlocks
+from kvstate.vllm.call_batch import CallBatch
+from kvstate.vllm.hybrid_idle import IdleSteps
+from kvstate.vllm.hybrid_reads import HybridReads
 from kvstate.vllm.kv_cache_interface import group_layout, spec_kind, spec_sliding_window
-from kvstate.vllm.kv_event_types import with_spec
-from kvstate.vllm.kv_events import BlockStored, KVCacheEvent
-from kvstate.vllm.manager import KVCacheManager
+from kvstate.vllm.kv_events import KVCacheEvent
 from kvstate.vllm.manager_args import check_allocation, vllm_manager_args
 from kvstate.vllm.request import Request
-from kvstate.vllm.scheduling import mamba_aligned_chunk
 from kvstate.vllm.stats import PrefixCacheStats
 
 
-class HybridKVCacheManager(KVCacheManager):
+class HybridKVCacheManager(HybridReads):
     """vLLM 0.33's ``KVCacheManager`` over several KV-cache groups, deciding exactly as 0.33.
 
     Built through ``KVCacheManager(kv_cache_config, max_model_len,
@@ -100,63 +98,14 @@ class HybridKVCacheManager(KVCacheManager):
             (spec_kind(group.kv_cache_spec), spec_sliding_window(group.kv_cache_spec))
             for group in groups)
         self.has_mamba = any(rule.kind == MAMBA for rule in self.layout.rules)
-
-    # -- reading ------------------------------------------------------------------------------
-    def _group_tables(self, request_id: str) -> tuple[tuple[int, ...], ...]:
-        requests = self.engine.view.requests
-        tables = []
-        for holder in self._holders(request_id):
-            record = requests.get(holder)
-            tables.append(() if record is None else tuple(record.pages))
-        return tuple(tables)
-
-    def _blocks(self, pages: tuple[tuple[int, ...], ...]) -> KVCacheBlocks:
-        if not any(pages):
-            return self.empty_kv_cache_blocks
-        blocks = self.block_pool.blocks
-        return KVCacheBlocks(tuple(tuple(blocks[page] for page in group) for group in pages))
-
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """The request's tables as block views, per group (nulls included).  Commits nothing."""
-        return self._blocks(self._group_tables(request_id))
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """The request's tables as ids, per group (0: null block).  Commits nothing."""
-        return tuple(list(table) for table in self._group_tables(request_id))
-
-    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None,
-                            ) -> tuple[KVCacheBlocks, int, int]:
-        """``(hit blocks per group, hit tokens, shared-prefix boundary)``; commits nothing.
-
-        The hit is the longest prefix every group can resume at (at most
-        ``num_tokens - 1``), vLLM's fixed point; the boundary is where the
-        longest single group's hit ends when a sparse group lags it (0 if
-        none): the scheduler stores it as ``request.shared_prefix_boundary``.
-        """
-        self._check_request(request)
-        if not self.prefix_cache_lookup_enabled(request):
-            return self.empty_kv_cache_blocks, 0, 0
-        limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
-        pages, hit, uncached = longest_hit(self.engine.view, self.layout, request, limit)
-        return self._blocks(pages), hit, hit + uncached if uncached else 0
-
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Any, total_computed_tokens: int) -> int:
-        """vLLM's coordinator predictor summed over groups (``new_computed_blocks``: a
-        ``KVCacheBlocks``, one list per group).  Commits nothing."""
-        if not isinstance(new_computed_blocks, KVCacheBlocks):
-            raise TypeError("a hybrid manager takes the hits as KVCacheBlocks (one per group)")
-        hits = self._hit_ids(new_computed_blocks)
-        count = max(len(group) for group in hits)
-        # Only the last hit's hash is read (a Mamba state cached this step is refused); every
-        # group's block at that position has the same vLLM hash.
-        last = next((self.block_pool.blocks[group[-1]].block_hash for group in hits
-                     if group and group[-1]), None)
-        hashes = [b""] * (count - 1) + [last[:-4] if last else b""] if count else []
-        return blocks_needed(self.engine.view, self.layout, self._holders(request_id), hashes,
-                             self._cursors(request_id), hits, num_tokens=num_tokens,
-                             main_tokens=num_tokens, total_computed=total_computed_tokens,
-                             admission=False, fresh=self.fresh_states)
+        self._new_cursors = (GroupCursor(),) * len(groups)
+        # request ids leave room for the "/g<group>" suffix of the groups' core requests
+        self._max_id_chars = MAX_NAME_CHARS - len(f"/g{len(groups) - 1}")
+        # The last get_computed_blocks: (request, its hit blocks, their ids, engine seq), so
+        # allocate_slots knows hits it found itself in the same state (see check_hits).
+        self._lookup: tuple[Request, KVCacheBlocks, tuple[tuple[int, ...], ...], int] | None = \
+            None
+        self.idle_steps = IdleSteps(self.layout, self.max_model_len, self._covered)
 
     # -- changing (one engine batch per call) -------------------------------------------------
     def new_step_starts(self) -> None:
@@ -183,39 +132,70 @@ class HybridKVCacheManager(KVCacheManager):
         blocks per group (Mamba's include its null padding).  Bad arguments
         raise ``ValueError`` / ``TypeError`` with nothing changed.
         """
-        self._check_request(request)
+        idle = None  # None: no idle bounds known for the request; False: the step is past them
+        if not full_sequence_must_fit and new_computed_blocks is None:
+            idle = self.idle_steps.take(request, num_new_tokens, num_new_computed_tokens,
+                                        num_lookahead_tokens)
+            if idle:
+                return self.empty_kv_cache_blocks  # inside the request's idle bounds
         request_id = request.request_id
+        self.idle_steps.drop(request_id)
+        self._check_request(request)
         hits = None
+        found_here = False
         if new_computed_blocks is not None and new_computed_blocks is not \
                 self.empty_kv_cache_blocks:
-            hits = self._hit_ids(new_computed_blocks)
-        cursors = self._cursors(request_id)
-        lengths = {len(group) for group in hits} if hits is not None else {0}
-        if len(lengths) != 1:
-            raise ValueError(f"hit lists of different lengths per group: {sorted(lengths)}")
-        num_hits = lengths.pop()
-        running = any(cursor.cached is not None for cursor in cursors)
-        num_local = check_allocation(request, num_new_tokens, num_new_computed_tokens,
-                                     num_lookahead_tokens, num_hits, self.block_size,
-                                     self.max_model_len, self._covered.get(request_id, 0),
-                                     running_with_hits=running and num_hits > 0)
+            lookup = self._lookup
+            if lookup is not None and lookup[1] is new_computed_blocks and \
+                    lookup[0] is request and lookup[3] == self.engine.view.seq:
+                hits, found_here = lookup[2], True  # found by this manager, nothing changed since
+            else:
+                hits = self._hit_ids(new_computed_blocks)
+        cursors = self.cursors.get(request_id) or self._new_cursors
+        num_hits = 0
+        if hits is not None:
+            num_hits = len(hits[0])
+            if any(len(group) != num_hits for group in hits):
+                raise ValueError("hit lists of different lengths per group: "
+                                 f"{sorted({len(group) for group in hits})}")
+        num_local = check_allocation(
+            request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_hits,
+            self.block_size, self.max_model_len, self._covered.get(request_id, 0),
+            running_with_hits=num_hits > 0 and any(c.cached is not None for c in cursors))
         main_tokens = num_local + num_new_tokens
-        full = min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None
-        with self.block_pool.offer_hashes(request), self.engine.batch() as b:
-            done = plan_hybrid_allocate(
-                b, self.layout, self._holders(request_id), request, cursors, hits,
-                num_local=num_local,
-                total=num_local, need_slots=min(main_tokens + num_lookahead_tokens,
-                                                self.max_model_len),
-                main_tokens=main_tokens, cache_upto=min(main_tokens, request.num_tokens),
-                remove_upto=max(0, num_local - request.num_in_flight_tokens),
-                full_tokens=full, fresh=self.fresh_states)
-        self.cursors[request_id] = done.cursors
-        self.fresh_states |= done.fresh
-        if done.new_pages is None:
+        need_slots = main_tokens + num_lookahead_tokens
+        if need_slots > self.max_model_len:
+            need_slots = self.max_model_len
+        num_tokens = request.num_tokens
+        cache_upto = main_tokens if main_tokens < num_tokens else num_tokens
+        remove_upto = num_local - request.num_in_flight_tokens
+        if remove_upto < 0:
+            remove_upto = 0
+        holders = self.holders.get(request_id) or group_holders(request_id,
+                                                                self.num_kv_cache_groups)
+        if hits is None and not full_sequence_must_fit and idle is None and step_is_idle(
+                self.engine.view, self.layout, holders, request, cursors, need_slots,
+                main_tokens, cache_upto, remove_upto):
+            self._covered[request_id] = cache_upto  # a decode step inside a block: no change
+            self.idle_steps.remember(self.engine.view, holders, request, cursors, cache_upto,
+                                 remove_upto)
+            return self.empty_kv_cache_blocks
+        full = min(num_tokens, self.max_model_len) if full_sequence_must_fit else None
+        with CallBatch(self.engine, self.block_pool.hashes, request) as b:
+            new_pages, cursors, fresh = plan_hybrid_allocate(
+                b, self.layout, holders, request, cursors, hits, num_local=num_local,
+                need_slots=need_slots, main_tokens=main_tokens, cache_upto=cache_upto,
+                remove_upto=remove_upto, full_tokens=full, fresh=self.fresh_states,
+                hits_found_here=found_here)
+        self._track(request_id, holders, cursors)
+        if fresh:
+            self.fresh_states.update(fresh)
+        if new_pages is None:
             return None
-        self._covered[request_id] = min(main_tokens, request.num_tokens)
-        return self._blocks(done.new_pages)
+        self._covered[request_id] = cache_upto
+        self.idle_steps.remember(self.engine.view, holders, request, cursors, cache_upto,
+                                 remove_upto)
+        return self._blocks(new_pages)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache every group's newly full blocks up to ``num_tokens`` (vLLM ``cache_blocks``).
@@ -226,19 +206,23 @@ class HybridKVCacheManager(KVCacheManager):
         if not self.enable_caching:
             return
         request_id = request.request_id
-        with self.block_pool.offer_hashes(request), self.engine.batch() as b:
-            cursors, fresh = plan_hybrid_cache(b, self.layout, self._holders(request_id),
-                                               request, self._cursors(request_id), num_tokens)
-        self.cursors[request_id] = cursors
-        self.fresh_states |= fresh
+        self.idle_steps.drop(request_id)
+        holders = self._holders(request_id)
+        with CallBatch(self.engine, self.block_pool.hashes, request) as b:
+            cursors, fresh = plan_hybrid_cache(b, self.layout, holders, request,
+                                               self._cursors(request_id), num_tokens)
+        self._track(request_id, holders, cursors)
+        self.fresh_states.update(fresh)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Free what each group no longer reads at ``num_computed_tokens`` (sliding windows:
         blocks before the window; Mamba: states before the last).  Commits ``BlockRelease``."""
-        with self.engine.batch() as b:
-            cursors = plan_hybrid_remove_skipped(b, self.layout, self._holders(request_id),
+        self.idle_steps.drop(request_id)
+        holders = self._holders(request_id)
+        with CallBatch(self.engine) as b:
+            cursors = plan_hybrid_remove_skipped(b, self.layout, holders,
                                                  self._cursors(request_id), num_computed_tokens)
-        self.cursors[request_id] = cursors
+        self._track(request_id, holders, cursors)
 
     def free(self, request: Request | str) -> None:
         """Free the request group by group, each table last block first, and forget it.
@@ -246,64 +230,35 @@ class HybridKVCacheManager(KVCacheManager):
         Commits one ``BlockRelease`` (closing the group's table) per group that has one.
         """
         request_id = request if isinstance(request, str) else request.request_id
-        with self.engine.batch() as b:
+        self.idle_steps.drop(request_id)
+        with CallBatch(self.engine) as b:
             plan_hybrid_free(b, self._holders(request_id), caching=self.enable_caching)
         self.cursors.pop(request_id, None)
         self.holders.pop(request_id, None)
         self._covered.pop(request_id, None)
 
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Uncache the given blocks (commits ``BlockUncache``); a held block may lose its cache
+        entry, so every request's idle bounds are dropped."""
+        self.idle_steps.clear()
+        super().evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the whole prefix cache when no block is in use (commits ``BlockClear``)."""
+        self.idle_steps.clear()
+        return super().reset_prefix_cache()
+
     def take_events(self) -> list[KVCacheEvent]:
         """Drain the pool's events; each ``BlockStored`` gains its group's spec kind and window
         (vLLM fills them here, not in the pool).  Commits nothing."""
-        out: list[KVCacheEvent] = []
-        metadata = self.kv_cache_event_metadata
-        for event in self.block_pool.take_events():
-            if isinstance(event, BlockStored) and event.group_idx is not None \
-                    and 0 <= event.group_idx < len(metadata):
-                event = with_spec(event, *metadata[event.group_idx])
-            out.append(event)
-        return out
-
-    # -- the scheduler's Mamba chunk split --------------------------------------------------
-    def mamba_block_aligned_split(self, request: Request, num_new_tokens: int,
-                                  num_new_local_computed_tokens: int = 0, *,
-                                  max_prefill_tokens: int | None = None) -> int:
-        """How many of ``num_new_tokens`` vLLM's scheduler schedules in this prefill chunk
-        (``kvstate.vllm.scheduling.mamba_aligned_chunk``; unchanged without a Mamba group).
-        Commits nothing."""
-        if not self.has_mamba:
-            return num_new_tokens
-        return mamba_aligned_chunk(request, num_new_tokens, num_new_local_computed_tokens,
-                                   block_size=self.block_size,
-                                   max_prefill_tokens=max_prefill_tokens)
+        if not self.enable_kv_cache_events:
+            return []
+        return self.block_pool.hashes.take_events(self.kv_cache_event_metadata)
 
     # -- helpers --------------------------------------------------------------------------------
-    def _check_request(self, request: Request) -> None:
-        super()._check_request(request)
-        longest = len(group_holders(request.request_id, self.num_kv_cache_groups)[-1])
-        if longest > MAX_NAME_CHARS:  # each group's table is a core request named "<id>/g<g>"
-            raise ValueError(f"request ids of a {self.num_kv_cache_groups}-group manager are at "
-                             f"most {MAX_NAME_CHARS - longest + len(request.request_id)} "
-                             "characters")
-
-    def _holders(self, request_id: str) -> tuple[str, ...]:
-        found = self.holders.get(request_id)
-        if found is None:
-            found = group_holders(request_id, self.num_kv_cache_groups)
-            if request_id in self.cursors:  # remembered while the request is known
-                self.holders[request_id] = found
-        return found
-
-    def _cursors(self, request_id: str) -> tuple[GroupCursor, ...]:
-        found = self.cursors.get(request_id)
-        return found if found is not None else (GroupCursor(),) * self.num_kv_cache_groups
-
-    def _hit_ids(self, blocks: KVCacheBlocks) -> tuple[tuple[int, ...], ...]:
-        if len(blocks.blocks) != self.num_kv_cache_groups:
-            raise ValueError(f"hits for {len(blocks.blocks)} groups, the manager has "
-                             f"{self.num_kv_cache_groups}")
-        groups: list[tuple[int, ...]] = []
-        for group in blocks.blocks:
-            views: list[KVCacheBlock] = list(group)
-            groups.append(tuple(self.block_pool.ids_of(views, keep_null=True)))
-        return tuple(groups)
+    def _track(self, request_id: str, holders: tuple[str, ...],
+               cursors: tuple[GroupCursor, ...]) -> None:
+        """Remember the request's cursors (and its groups' core requests while it is known)."""
+        self.cursors[request_id] = cursors
+        if request_id not in self.holders:
+            self.holders[request_id] = holders

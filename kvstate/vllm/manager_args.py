@@ -129,13 +129,17 @@ def check_allocation(request: Request, num_new_tokens: int, num_new_computed_tok
     ``num_computed_tokens`` past what the last allocation (``covered``)
     gave slots to (docs/vllm.md, "The scheduler loop").
     """
-    counts = (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-              request.num_computed_tokens, request.num_in_flight_tokens)
-    names = ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens",
-             "request.num_computed_tokens", "request.num_in_flight_tokens")
-    for name, value in zip(names, counts, strict=True):
-        if type(value) is not int or value < 0:  # exact int: a bool or float is refused
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    computed = request.num_computed_tokens
+    counts = (num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, computed,
+              request.num_in_flight_tokens)
+    if type(num_new_tokens) is not int or type(num_new_computed_tokens) is not int or \
+            type(num_lookahead_tokens) is not int or type(computed) is not int or \
+            type(counts[4]) is not int or min(counts) < 0:  # exact ints: no bool or float
+        names = ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens",
+                 "request.num_computed_tokens", "request.num_in_flight_tokens")
+        for name, value in zip(names, counts, strict=True):
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
     if num_new_tokens == 0 and num_new_computed_tokens == 0:
         raise ValueError("num_new_tokens must be greater than 0 when there are no "
                          "computed tokens to adopt")
@@ -144,14 +148,13 @@ def check_allocation(request: Request, num_new_tokens: int, num_new_computed_tok
     if num_hit_blocks * block_size != num_new_computed_tokens:
         raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} is not the "
                          f"{num_hit_blocks} hit blocks' tokens")
-    request_id = request.request_id
-    num_local = request.num_computed_tokens + num_new_computed_tokens
+    num_local = computed + num_new_computed_tokens
     if num_local + num_new_tokens > max_model_len:
-        raise ValueError(f"request {request_id!r} would reach {num_local + num_new_tokens} "
-                         f"tokens, past max_model_len={max_model_len}")
-    if request.num_computed_tokens < covered:
+        raise ValueError(f"request {request.request_id!r} would reach "
+                         f"{num_local + num_new_tokens} tokens, past max_model_len={max_model_len}")
+    if computed < covered:
         raise ValueError(
-            f"request {request_id!r}: num_computed_tokens={request.num_computed_tokens} but its "
+            f"request {request.request_id!r}: num_computed_tokens={computed} but its "
             f"last allocate_slots gave {covered} tokens slots; the scheduler advances "
             "num_computed_tokens by num_new_tokens after each scheduled step (docs/vllm.md)")
     return num_local

@@ -1,0 +1,124 @@
+"""The hybrid manager's idle fast path (``kvstate.vllm.hybrid_idle.IdleSteps`` on the bounds of
+``kvstate.planner.hybrid_step.idle_bounds``) never changes what a call does.
+
+Random scheduler-like sequences of ``tools/diff_vllm_hybrid.py`` (admissions, chunks,
+decodes with lookahead, preemptions, ``evict_blocks``, ``reset_prefix_cache``) run twice on
+kvstate: once as shipped, once with the fast path off (every plain step then decided in
+full by the planner, without ``step_is_idle`` either).  Every call's result, the free
+queue, ``ref_cnt``, the tables and the KV events (and their bytes) must be the same; and
+every step the fast path takes must be one ``step_is_idle`` calls idle.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import pytest
+
+from kvstate.planner.hybrid_step import step_is_idle
+from kvstate.vllm.hybrid import HybridKVCacheManager
+from kvstate.vllm.hybrid_idle import IdleSteps
+from tools.bench_vllm import kvstate_api
+from tools.diff_vllm_hybrid import kvstate_side, make_config, make_ops
+
+CASES = [(layout, block_size, seed) for layout in ("swa", "mamba", "swa+mamba")
+         for block_size in (1, 4, 16) for seed in range(3)]
+
+
+def _trace(config: dict[str, Any], ops: list[Any]) -> list[Any]:
+    with tempfile.TemporaryDirectory() as workdir:
+        trace, problems = kvstate_side(config, ops, workdir)
+    assert problems == []
+    return trace
+
+
+@pytest.mark.parametrize(("layout", "block_size", "seed"), CASES)
+def test_idle_fast_path_changes_nothing(layout: str, block_size: int, seed: int,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = make_config(seed, layout, block_size)
+    ops = make_ops(seed, 150, block_size, config["num_blocks"])
+    taken = []
+    original = HybridKVCacheManager.allocate_slots
+
+    def checked(self: HybridKVCacheManager, request: Any, num_new_tokens: int,
+                *args: Any, **kwargs: Any) -> Any:
+        """Before each call: if the fast path would take it, ``step_is_idle`` must agree."""
+        view = self.engine.view
+        holders, cursors = self._holders(request.request_id), self._cursors(request.request_id)
+        before = dict(self._covered)
+        computed = request.num_computed_tokens
+        lookahead = kwargs.get("num_lookahead_tokens", args[2] if len(args) > 2 else 0)
+        if not kwargs.get("full_sequence_must_fit") and (len(args) < 2 or args[1] is None) \
+                and kwargs.get("new_computed_blocks") is None and self.idle_steps.take(
+                    request, num_new_tokens, args[0] if args else
+                    kwargs.get("num_new_computed_tokens", 0), lookahead):
+            main = computed + num_new_tokens
+            assert step_is_idle(view, self.layout, holders, request, cursors,
+                                min(main + lookahead, self.max_model_len), main,
+                                min(main, request.num_tokens),
+                                max(0, computed - request.num_in_flight_tokens))
+            taken.append(request.request_id)
+            self._covered.clear()
+            self._covered.update(before)  # the real call below takes the step again
+        return original(self, request, num_new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(HybridKVCacheManager, "allocate_slots", checked)
+    fast = _trace(config, ops)
+    monkeypatch.setattr(HybridKVCacheManager, "allocate_slots", original)
+    monkeypatch.setattr(IdleSteps, "take", lambda *args: False)
+    slow = _trace(config, ops)
+    assert fast == slow
+
+
+def _decode_run(kind: str) -> tuple[list[Any], int]:
+    """Long decodes (the benchmark's loop, smaller): 60 prompts sharing a stem, at most 8
+    running, every call's returned ids, tables and events; with an ``evict_blocks`` of a held
+    block now and then.  Returns the trace and how often the fast path answered."""
+    api = kvstate_api(None)
+    manager = api["hybrid"](1024, kind)
+    taken = [0]
+    original = manager.idle_steps.take
+
+    def counted(*args: Any) -> bool | None:
+        answer = original(*args)
+        taken[0] += bool(answer)
+        return answer
+
+    manager.idle_steps.take = counted  # type: ignore[method-assign]
+    trace: list[Any] = []
+    live: list[Any] = []
+    for index in range(60):
+        manager.new_step_starts()
+        request = api["request"](f"r{index}", [index % 5] * 40 + list(range(index, index + 30)))
+        blocks, hit, junction = manager.get_computed_blocks(request)
+        request.shared_prefix_boundary = junction
+        first = request.num_tokens - hit
+        new = manager.allocate_slots(request, first, hit, blocks, full_sequence_must_fit=True)
+        trace.append(None if new is None else new.get_block_ids())
+        if new is not None:
+            request.num_computed_tokens = hit + first
+            live.append(request)
+        for step, running in enumerate(live):
+            running.append_output_token_ids(index + step)
+            new = manager.allocate_slots(running, 1, num_lookahead_tokens=step % 3)
+            trace.append(None if new is None else new.get_block_ids())
+            running.num_computed_tokens += 1
+        if index % 7 == 3 and live:
+            tables = manager.get_block_ids(live[-1].request_id)
+            manager.evict_blocks({table[0] for table in tables if table and table[0]})
+        if len(live) > 8:
+            manager.free(live.pop(0))
+        trace.append([manager.get_block_ids(r.request_id) for r in live])
+        trace.append(manager.take_events())
+    return trace, taken[0]
+
+
+@pytest.mark.parametrize("kind", ["full+swa", "full+mamba", "full+swa+mamba"])
+def test_idle_fast_path_on_long_decodes(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, taken = _decode_run(kind)
+    assert taken > 200
+    monkeypatch.setattr(IdleSteps, "take", lambda *args: False)
+    slow, none = _decode_run(kind)
+    assert none == 0
+    assert fast == slow
