@@ -282,6 +282,67 @@ def test_swa_frees_poison_and_rebinds_remap_without_moving_bytes():
     assert ex.translate(slots) == [0, 0, 0, 0]
 
 
+# -- a decision in progress ----------------------------------------------------------------
+def decision_engine(replayed=False):
+    """Row 1 holds 2 tokens (pages 1, 2 paired with SWA pages 1, 2); an SWA executor follows."""
+    engine = Engine(state=initial_state(Geometry(num_pages=8, num_rows=2, row_width=32),
+                                        swa_pages=6))
+    ex = SwaTorchExecutor(hybrid(), 8, 1, 6, device="cpu", poison_freed=True)
+    ex.attach(engine)
+    monitor = enable_integrity(ex, replayed=replayed)
+    for event in (ReqAlloc((1,)), Allocate((1, 2)), SwaAlloc(((1, 1), (2, 2))),
+                  Assign(1, 0, (1, 2))):
+        engine.apply(event)
+    assert monitor.check().ok
+    return engine, ex, monitor
+
+
+@pytest.mark.parametrize("replayed", [False, True])
+def test_a_token_computed_before_its_page_is_paired_in_the_same_decision(replayed):
+    """One decode decision allocates straight into the row, then pairs the page: the forward
+    pass (after the decision) writes the SWA layers; a page never paired is a lost window."""
+    engine, ex, monitor = decision_engine(replayed)
+    step = (Allocate((3,), ((1, (3,)),)), SwaAlloc(((3, 3),)))
+    if replayed:  # a log: one event per batch, a check between them
+        for event in step:
+            engine.apply(event)
+            assert monitor.check().ok
+    else:
+        with engine.batch() as batch:
+            for event in step:
+                batch.emit(event)
+    assert monitor.check().ok and monitor.verify().ok
+    assert ex.translate([3]) == [3]
+    engine.apply(Allocate((4,), ((1, (4,)),)))  # a decision that never pairs the page
+    if replayed:
+        assert monitor.check().ok  # the pairing may still come
+        engine.apply(ReqAlloc((2,)))  # another event: the decision is over
+    report = str(monitor.check())
+    assert "SWA window lost: request 1 position 3" in report
+
+
+def test_a_live_front_ends_mapping_is_read_after_its_decision():
+    """Through a registered mapping (filled by the front end after its decision) the SWA
+    writes wait for the next batch or check; a mapping still wrong then is reported."""
+    engine, ex, monitor = decision_engine()
+    mapping = ex.full_to_swa_index_mapping.clone()
+    ex.register_mapping(mapping)
+    with engine.batch() as batch:
+        batch.emit(Allocate((3,), ((1, (3,)),)))
+        batch.emit(SwaAlloc(((3, 3),)))
+    assert monitor.swa.awaiting  # the mapping has no entry for slot 3 yet
+    mapping[3] = 3  # the front end fills it
+    engine.apply(ReqAlloc((2,)))  # the next batch: the forward pass ran before it
+    assert not monitor.swa.awaiting and monitor.check().ok and monitor.verify().ok
+    with engine.batch() as batch:
+        batch.emit(Allocate((4,), ((1, (4,)),)))
+        batch.emit(SwaAlloc(((4, 4),)))
+    mapping[4] = 2  # a front-end bug: the slot maps another token's SWA slot
+    report = str(monitor.check())
+    assert "full_to_swa_index_mapping sends FULL slot 4 to SWA slot 2; the pairing says 4" \
+        in report
+
+
 # -- integrity over real front-end runs ----------------------------------------------------
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_scheduler_flows_pass_every_check_and_windows_slide(page_size):
@@ -352,6 +413,7 @@ def test_canary_a_mapping_that_sends_a_write_elsewhere(shift):
 def test_canary_a_mapping_corrupted_after_the_write():
     run = front_end()
     req = running(run, decodes=2)
+    assert run.monitor.check().ok  # the last decode's forward pass ran (its SWA writes landed)
     slots = row_slots(run, req)
     mapping = run.alloc.full_to_swa_index_mapping
     mapping[slots[-1]] = mapping[slots[-2]]
@@ -452,6 +514,7 @@ def test_canary_tokens_computed_on_a_page_without_swa():
 def test_canary_a_kernel_overwriting_window_bytes():
     run = front_end()
     req = running(run)
+    assert run.monitor.check().ok  # the last decode's forward pass ran (its SWA writes landed)
     swa_slot = run.executor.translate(row_slots(run, req)[-1:])[0]
     run.executor.swa_pool.k_buffer[0][swa_slot] = 3.0
     assert run.monitor.check().ok  # no event: the incremental check cannot see it

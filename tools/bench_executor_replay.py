@@ -22,7 +22,9 @@ up to 8 requests, window 32, out-of-window frees every 16 tokens).  They
 replay on the SWA executor with the window from the log's meta; ``--swa``
 also times each log's incremental mode with the window unknown
 (``nowindow``) and on the single-pool executor that mirrors the FULL pool
-only (``fullpool``: what the executor did before it held SWA layers).  ``--baseline TREE`` also times
+only (``fullpool``: what the executor did before it held SWA layers).  Mamba logs
+(``--mamba``, on by default; ``tools/bench_executor_mamba.py``) replay with the Mamba
+states, and again without them (``nomamba``).  ``--baseline TREE`` also times
 the executor of another source tree (e.g. ``git archive HEAD | tar -x -C
 /tmp/head``: the code before the incremental checks), in a subprocess, on
 the same corpus logs in the same run, and on the same synthetic workload
@@ -40,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -50,16 +51,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_executor_mamba import EXTRA as MAMBA_EXTRA
+from bench_executor_mamba import OPTIONS as MAMBA_OPTIONS
+from bench_executor_mamba import mamba_logs
+from bench_executor_swa import SWA_EXTRA, record_swa_seeds, swa_serving
 
 from kvstate.executor import replay_hook, swa_window_of
-from kvstate.executor.replay import SWA_WINDOW_META
-from kvstate.log import Recorder, read_events
+from kvstate.log import read_events
 from kvstate.state import initial_state
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = {"incremental": (1, False), "full": (1, True), "end": (0, False)}  # check_every, full
-SWA_EXTRA = {"nowindow": {"swa_window": None}, "fullpool": {"swa_layers": False}}
-SWA_SEEDS = [(1, 1), (3, 1), (6, 1), (0, 4), (3, 4), (7, 4)]  # (seed, page size), 150 steps
 
 # Times the old executor (HEAD before the port: TieredState, kvstate.log.replay.start_state)
 # in a subprocess whose sys.path starts with the baseline tree.
@@ -111,91 +113,18 @@ def record_synthetic(folder: Path, tree: Path = ROOT) -> Path:
     return path
 
 
-def record_swa_seeds(folder: Path, steps: int = 150) -> list[Path]:
-    """SWA logs of ``tools/diff_sglang_hybrid.py``'s seeded op lists on kvstate's front end."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from diff_sglang_hybrid import generate
-    from hybrid_ops import apply_op
-    from hybrid_sides import Side
-
-    paths = []
-    for seed, page_size in SWA_SEEDS:
-        window, interval, ops = generate(seed, steps, page_size)
-        side = Side("kvstate", "-", page_size, window)
-        path = folder / f"swa_diff_s{seed}_p{page_size}.kvlog"
-        recorder = Recorder(side.cache.engine, str(path), fsync=False,
-                            meta={SWA_WINDOW_META: window, "workload": "diff_sglang_hybrid"})
-        for op in ops:
-            apply_op(side, op, interval)
-        recorder.close()
-        paths.append(path)
-    return paths
-
-
-def swa_serving(path: Path, requests: int = 150, page_size: int = 4, window: int = 32,
-                seed: int = 1) -> Path:
-    """A decode-heavy FULL + SWA serving run recorded from the SGLang front end.
-
-    Requests share one of 4 system prompts, up to 8 run at once, each decodes
-    8..96 tokens; out-of-window SWA is freed every 16 tokens; the pools (160
-    FULL, 96 SWA pages) are small enough that the tree is evicted.  On OOM the
-    oldest running request finishes early.
-    """
-    from kvstate.sglang.hybrid_req import HybridCacheInitParams, HybridReq
-    from kvstate.sglang.hybrid_scheduler import admit, decode_step, finish, prefill_done
-    from kvstate.sglang.pool import ReqToTokenPool
-    from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
-    from kvstate.sglang.unified_radix_cache import UnifiedRadixCache
-
-    rng = random.Random(seed)
-    pool = ReqToTokenPool(16, 1024)
-    alloc = SWATokenToKVPoolAllocator(160 * page_size, 96 * page_size, page_size)
-    cache = UnifiedRadixCache(HybridCacheInitParams(pool, alloc, page_size, window))
-    recorder = Recorder(cache.engine, str(path), fsync=False,
-                        meta={SWA_WINDOW_META: window, "workload": "swa_serving"})
-    systems = [[rng.randint(1, 50) for _ in range(rng.randint(20, 60))] for _ in range(4)]
-    waiting = [(rng.choice(systems) + [rng.randint(1, 50) for _ in range(rng.randint(4, 40))],
-                rng.randint(8, 96)) for _ in range(requests)]
-    running: list[tuple[Any, int]] = []
-    number = 0
-    while waiting or running:
-        if waiting and len(running) < 8:
-            tokens, budget = waiting.pop(0)
-            req = HybridReq(number, tokens)
-            number += 1
-            try:
-                admit(cache, req)
-            except MemoryError:
-                pool.free(req.kv.req_pool_idx)
-                req.kv.req_pool_idx = None
-                cache.unlock(req.lock)
-                waiting.insert(0, (tokens, budget))
-                if not running:
-                    raise
-                finish(cache, running.pop(0)[0])
-                continue
-            prefill_done(cache, req, rng.randint(1, 50))
-            running.append((req, budget))
-        try:
-            decode_step(cache, [req for req, _ in running], rng.randint(1, 50), interval=16)
-        except MemoryError:
-            finish(cache, running.pop(0)[0])
-        for item in [item for item in running if len(item[0].output_ids) >= item[1]]:
-            running.remove(item)
-            finish(cache, item[0])
-    recorder.close()
-    return path
-
-
 def time_log(path: Path, modes: list[str], repeats: int, swa_extra: bool = False
              ) -> list[dict[str, Any]]:
     header, events = read_events(path)
     start = initial_state(header.geometry, host_pages=header.host_pages,
-                          swa_pages=header.swa_pages)
+                          swa_pages=header.swa_pages, mamba_slots=header.mamba_slots)
     window = swa_window_of(header.meta)
+    base = {"swa_window": window, **(MAMBA_OPTIONS if header.mamba_slots else {})}
     runs: list[tuple[str, int, bool, dict[str, Any]]] = [
-        (mode, *MODES[mode], {"swa_window": window}) for mode in modes]
-    if swa_extra and header.swa_pages:
+        (mode, *MODES[mode], base) for mode in modes]
+    if header.mamba_slots:
+        runs += [(name, 1, False, {**base, **extra}) for name, extra in MAMBA_EXTRA.items()]
+    elif swa_extra and header.swa_pages:
         runs += [(name, 1, False, {"swa_window": window, **extra})
                  for name, extra in SWA_EXTRA.items()]
     rows = []
@@ -264,15 +193,21 @@ def main() -> None:
     parser.add_argument("--swa", action=argparse.BooleanOptionalAction, default=True,
                         help="record and time SWA logs too (and their nowindow/fullpool rows)")
     parser.add_argument("--only-swa", action="store_true", help="time the SWA logs only")
+    parser.add_argument("--mamba", action=argparse.BooleanOptionalAction, default=True,
+                        help="record and time Mamba logs too (and their nomamba rows)")
+    parser.add_argument("--only-mamba", action="store_true", help="time the Mamba logs only")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
         logs = [Path(p) for p in args.logs]
-        if not logs and not args.only_swa:
+        only = args.only_swa or args.only_mamba
+        if not logs and not only:
             logs = [*corpus_logs(), record_synthetic(Path(scratch))]
-        if not args.logs and (args.swa or args.only_swa):
+        if not args.logs and (args.only_swa or (args.swa and not only)):
             logs += [*record_swa_seeds(Path(scratch)),
                      swa_serving(Path(scratch) / "swa_serving_p4_w32.kvlog")]
+        if not args.logs and (args.only_mamba or (args.mamba and not only)):
+            logs += mamba_logs(Path(scratch))
         rows = [summary(row) for path in logs
                 for row in time_log(path, args.modes, args.repeats, args.swa)]
         before = []

@@ -195,12 +195,17 @@ def _run_executor(args: argparse.Namespace, result: ReplayResult) -> dict[str, A
         reader = LogReader(handle, salvage=True, limits=limits_from(args))
         events = _limited(reader.events(), args.until)
         # Integrity is verified at the invariant interval too (and always at the end), so a
-        # log that ends with every request closed is still checked along the way.
+        # log that ends with every request closed is still checked along the way.  The start
+        # state carries the header's pools, which pick the executor: an SWA pool (the window
+        # from the meta), a Mamba pool of ``mamba_slots`` states (kvstate.executor.replay).
         outcome = replay_hook((start_state(result.header), events), args.executor,
                               check_every=args.check_every,
                               swa_window=swa_window_of(result.header.meta))
-    return {"ok": outcome.ok, "device": args.executor, "message": outcome.message,
-            "events_applied": outcome.events_applied, "tokens_checked": outcome.tokens_checked}
+    report = {"ok": outcome.ok, "device": args.executor, "message": outcome.message,
+              "events_applied": outcome.events_applied, "tokens_checked": outcome.tokens_checked}
+    if result.header.mamba_slots:
+        report["mamba_slots"] = result.header.mamba_slots  # state buffers rebuilt and checked
+    return report
 
 
 def _limited(events: Any, until: int | None) -> Any:

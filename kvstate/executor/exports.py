@@ -39,39 +39,8 @@ from typing import Any
 import torch
 
 from kvstate.executor.copies import raw_words
+from kvstate.executor.read_errors import SwaKVLost, UseAfterFree
 from kvstate.state import RequestId, slot_span
-
-
-class UseAfterFree(ValueError):
-    """A read of table entries whose page was freed under the row (``FreeMapped``).
-
-    ``request`` is the request, ``positions`` the first dangling positions
-    asked for (one table index: ``start..stop - 1``) and ``page`` the freed
-    page they map; ``dangling`` lists every dangling table index of the read.
-    """
-
-    def __init__(self, request: RequestId, positions: range, page: int,
-                 dangling: Sequence[int]) -> None:
-        self.request = request
-        self.positions = positions
-        self.page = page
-        self.dangling = tuple(dangling)
-        more = f" (and {len(dangling) - 1} more dangling pages)" if len(dangling) > 1 else ""
-        super().__init__(f"use after free: request {request!r} positions {positions.start}.."
-                         f"{positions.stop - 1} map page {page}, which was freed under the row "
-                         f"(FreeMapped) and not rewritten, truncated or closed since{more}")
-
-
-class SwaKVLost(ValueError):
-    """A sliding-window read of a position whose FULL page has no SWA page (freed or evicted).
-
-    ``request``, ``position`` and the FULL ``page`` name the lost window token.
-    """
-
-    def __init__(self, request: RequestId, position: int, page: int) -> None:
-        self.request, self.position, self.page = request, position, page
-        super().__init__(f"SWA window lost: request {request!r} position {position} maps FULL "
-                         f"page {page}, which has no SWA page (its SWA KV was freed or evicted)")
 
 
 def _record(state: Any, request: RequestId, start: int = 0, stop: int | None = None) -> Any:

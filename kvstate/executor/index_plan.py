@@ -42,6 +42,20 @@ slot is ``swa_page * page_size + offset``, the offset of its FULL slot)::
     swa_copy_src / _dst   SWA slot i of src is copied to SWA slot i of dst (a ``Copy`` of
                           FULL pages that both have SWA pages)
     swa_live_nodes        tree nodes whose SWA component became live
+
+The Mamba state pool of a FULL + MAMBA hybrid (one recurrent state per slot, slots
+``1..num_slots``, slot 0 the dummy; rows closed by ``closed`` leave their slots DETACHED)::
+
+    mamba_taken           slots taken off the Mamba free list, held DETACHED (``MambaAlloc``)
+    mamba_bound           (row, entries): a row's running slot, then its track slots, 0 for an
+                          empty entry (``MambaBind``)
+    mamba_donated         (row, index, old slot, fresh slot): entry ``index`` (a track slot
+                          holding a checkpoint) leaves the row DETACHED, ``fresh`` takes its place
+    mamba_copy_src / _dst the state in slot i of src is copied into slot i of dst (``MambaCopy``)
+    mamba_committed       (node, slot, position): tree node ``node`` takes the held slot as its
+                          state, the state of the first ``position`` tokens (the node's end)
+    mamba_freed           slots back on the Mamba free list (``MambaFree``, ``MambaEvict``,
+                          ``Reset``): content now garbage, poisoned in debug mode
 """
 
 from __future__ import annotations
@@ -90,17 +104,31 @@ class IndexPlan(msgspec.Struct, frozen=True):
     swa_copy_src: tuple[int, ...] = ()
     swa_copy_dst: tuple[int, ...] = ()
     swa_live_nodes: tuple[int, ...] = ()
+    mamba_taken: tuple[int, ...] = ()
+    mamba_bound: tuple[tuple[RequestId, tuple[int, ...]], ...] = ()
+    mamba_donated: tuple[tuple[RequestId, int, int, int], ...] = ()
+    mamba_copy_src: tuple[int, ...] = ()
+    mamba_copy_dst: tuple[int, ...] = ()
+    mamba_committed: tuple[tuple[int, int, int], ...] = ()
+    mamba_freed: tuple[int, ...] = ()
 
     @property
     def moves_bytes(self) -> bool:
         return bool(self.copy_src or self.freed_slots or self.host_out_src or self.host_in_src
-                    or self.swa_freed_slots or self.swa_copy_src)
+                    or self.swa_freed_slots or self.swa_copy_src or self.mamba_copy_src
+                    or self.mamba_freed)
 
     @property
     def touches_swa(self) -> bool:
         """Whether the plan changes the SWA pool's pairing, bytes or live nodes."""
         return bool(self.swa_paired or self.swa_unpaired or self.swa_freed_slots
                     or self.swa_copy_src or self.swa_live_nodes)
+
+    @property
+    def touches_mamba(self) -> bool:
+        """Whether the plan changes the Mamba pool's owners or bytes."""
+        return bool(self.mamba_taken or self.mamba_bound or self.mamba_donated
+                    or self.mamba_copy_src or self.mamba_committed or self.mamba_freed)
 
 
 EMPTY_PLAN = IndexPlan()

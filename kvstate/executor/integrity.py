@@ -22,6 +22,10 @@ Two checks read the buffers back (both read-only):
 * the SWA layers of a FULL + SWA hybrid, in both checks
   (:mod:`kvstate.executor.integrity_swa`): every token whose page has SWA KV
   reads the tags of its position there, and a request's last window is whole;
+* the Mamba states of a FULL + MAMBA hybrid, in both checks
+  (:mod:`kvstate.executor.integrity_mamba`): every state slot holds the state
+  its owner (a request row, a tree node) relies on, tagged by (writer,
+  position); ``write_state`` is the forward pass's state write;
 * ``check()`` (:mod:`kvstate.executor.integrity_check`): only what changed
   since the last check or verification: the tables of touched requests
   against the state's, every reader of a page whose bytes the executor moved
@@ -45,22 +49,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvstate.events import Event
+from kvstate.events import MAMBA_EVENTS, Event
 from kvstate.executor.index_plan import IndexPlan, node_depth
 from kvstate.executor.integrity_block import cache_blocks, null_content, seed_block_cache
 from kvstate.executor.integrity_check import IntegrityReport, check_changes, check_kernel_read
 from kvstate.executor.integrity_host import seed_host
+from kvstate.executor.integrity_mamba import MambaMonitor
+from kvstate.executor.integrity_mamba_check import check_mamba, verify_mamba
 from kvstate.executor.integrity_swa import SwaMonitor
-from kvstate.executor.integrity_tables import Tables
 from kvstate.executor.integrity_tags import Content, TagLayout
 from kvstate.executor.integrity_tags import tag_values as tag_values  # re-exported
 from kvstate.executor.integrity_verify import verify_full
+from kvstate.executor.integrity_writes import Writes
 from kvstate.state import ROOT, RequestId, slots_of
 
 __all__ = ["IntegrityMonitor", "IntegrityReport", "enable_integrity", "tag_values"]
 
 
-class IntegrityMonitor(Tables):
+class IntegrityMonitor(Writes):
     """Tag writer and checker for one executor (owns only its bookkeeping; see ``Tables``).
 
     Built by :func:`enable_integrity` on an executor that already follows an
@@ -68,7 +74,8 @@ class IntegrityMonitor(Tables):
     the executor's plans.
     """
 
-    def __init__(self, executor: Any, *, request_pool: Any = None, replayed: bool = False) -> None:
+    def __init__(self, executor: Any, *, request_pool: Any = None, replayed: bool = False,
+                 infer_mamba_states: bool = True) -> None:
         super().__init__(executor.geometry.page_size, executor.geometry.mode == "block")
         self.executor = executor
         self.request_pool = request_pool  # optional SGLang ReqToTokenPool to read as well
@@ -79,18 +86,16 @@ class IntegrityMonitor(Tables):
         self.errors: list[str] = []
         self.reported = 0  # errors already returned by ``check``
         self.swa: SwaMonitor | None = None
+        self.mamba: MambaMonitor | None = None
         if executor.engine is None:
             raise RuntimeError("attach the executor to an engine before enabling integrity mode "
                                "(the monitor tags what the engine's state already maps)")
         self._seed_from(executor.view)
         if getattr(executor, "swa_pool", None) is not None:  # the SWA layers of a hybrid
             self.swa = SwaMonitor(self, executor, executor.view, replayed=replayed)
+        if getattr(executor, "mamba_pool", None) is not None:  # the Mamba layers' states
+            self.mamba = MambaMonitor(self, executor, executor.view, infer=infer_mamba_states)
         executor.listeners.append(self.on_plan)
-
-    def _fresh_uid(self) -> int:
-        uid = self.next_uid
-        self.next_uid += 1
-        return uid
 
     def _seed_from(self, state: Any) -> None:
         """Tag what a non-empty starting state already maps (as if freshly written).
@@ -128,6 +133,9 @@ class IntegrityMonitor(Tables):
     # -- following events --------------------------------------------------------
     def on_plan(self, event: Event, plan: IndexPlan) -> None:
         """Update the bookkeeping for one event's plan (after the executor moved its bytes)."""
+        swa = self.swa if self.swa is not None and not isinstance(event, MAMBA_EVENTS) else None
+        if swa is not None:  # a Mamba event changes no SWA page, ends no decision's SWA part
+            swa.before_plan(event)
         for request_id in plan.opened:
             self._open(request_id)
         if plan.copy_src:
@@ -172,8 +180,10 @@ class IntegrityMonitor(Tables):
         for request_id in plan.closed:
             self.close(request_id)
             self.uid_of.pop(request_id, None)
-        if self.swa is not None:
-            self.swa.on_plan(event, plan)
+        if swa is not None:
+            swa.on_plan(event, plan)
+        if self.mamba is not None and (plan.touches_mamba or plan.closed or plan.new_tokens):
+            self.mamba.on_plan(plan)
 
     def end_batch(self) -> None:
         """The engine's batch is whole (the executor says so after moving its bytes)."""
@@ -181,151 +191,47 @@ class IntegrityMonitor(Tables):
             self.swa.end_batch()
 
     def settle(self) -> None:
-        """No decision is half done (a replayed log ended): pending SWA frees are final."""
+        """No decision is half done (a replayed log ended): pending SWA frees are final, SWA
+        writes awaiting a pairing land or are lost."""
         if self.swa is not None:
+            self.swa.flush(final=True)
             self.swa.confirm()
+
+    def between_decisions(self) -> None:
+        """The last decision is over (the executor says so before planning a batch; every check
+        first says so too): the forward pass's SWA writes awaiting it land where the front
+        end's now-filled mapping sends them (a replayed log's decision may go on: only the
+        writes whose pages are paired land)."""
+        if self.swa is not None and self.swa.awaiting:
+            self.swa.between_decisions()
 
     def _open(self, request_id: RequestId) -> None:
         self.open(request_id)
         self.uid_of[request_id] = self._fresh_uid()
 
-    def _copy(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
-        for src, dst in zip(src_slots, dst_slots, strict=True):
-            content = self.slot_content.get(src)
-            if content is None:
-                self.slot_content.pop(dst, None)
-                self.copied.pop(dst, None)
-            else:
-                self.slot_content[dst] = self.copied[dst] = content
-        self.overwritten(dst_slots)
-
-    def _offload(self, device_slots: Sequence[int], host_slots: Sequence[int]) -> None:
-        for device_slot, host_slot in zip(device_slots, host_slots, strict=True):
-            content = self.linked_content(device_slot)
-            if content is None:
-                self.errors.append(f"offload of slot {device_slot}, which holds no computed KV")
-                self.host_content.pop(host_slot, None)
-            else:
-                self.host_content[host_slot] = content
-        self.dirty_host.update(host_slots)
-
-    def _load(self, host_slots: Sequence[int], device_slots: Sequence[int]) -> None:
-        for host_slot, device_slot in zip(host_slots, device_slots, strict=True):
-            loaded = self.host_content.get(host_slot)
-            if loaded is None:
-                self.errors.append(f"load from host slot {host_slot}, which holds no backup")
-                self.slot_content.pop(device_slot, None)
-            else:
-                self.slot_content[device_slot] = loaded
-        self.overwritten(device_slots)
-
-    def _link(self, linked: Sequence[tuple[RequestId, int, int]],
-              nulled: Sequence[tuple[RequestId, int, int]]) -> None:
-        if nulled:  # null entries (block mode) interleave with links by position
-            null = set(nulled)
-            tokens: Sequence[tuple[RequestId, int, int]] = sorted((*linked, *nulled),
-                                                                  key=lambda token: token[1])
-        else:
-            null, tokens = set(), linked
-        contents = []
-        for request_id, position, slot in tokens:
-            if null and (request_id, position, slot) in null:
-                contents.append(null_content(position, self.size))
-                continue
-            content = self.linked_content(slot)
-            if content is None:
-                self.errors.append(f"request {request_id!r} position {position} links slot {slot}, "
-                                   "which holds no computed KV")
-                content = (0, position)
-            elif content[1] != position:
-                self.errors.append(f"request {request_id!r} position {position} links slot {slot}, "
-                                   f"whose KV was computed for position {content[1]}")
-            contents.append(content)
-        self.map_tokens(tokens, contents)
-
-    def _write_request_tokens(self, tokens: Sequence[tuple[RequestId, int, int]]) -> None:
-        uid_of, copied = self.uid_of, self.copied
-        if not copied:  # the usual case: every token is computed here
-            contents = [(uid_of[request_id], position) for request_id, position, _ in tokens]
-            slots = [slot for _, _, slot in tokens]
-            self.slot_content.update(zip(slots, contents, strict=True))
-            self.map_tokens(tokens, contents)
-            self.write_tags(slots, contents)
-            return
-        slots, fresh, contents = [], [], []
-        for request_id, position, slot in tokens:
-            content = copied.pop(slot, None)
-            if content is None or content[1] != position:
-                content = (uid_of[request_id], position)
-                slots.append(slot)
-                fresh.append(content)
-                self.slot_content[slot] = content
-            # else: bytes a Copy put here (copy-on-write): nothing to compute
-            contents.append(content)
-        self.map_tokens(tokens, contents)
-        self.write_tags(slots, fresh)
-
-    def _insert(self, node_id: int, depth: int, slots: Sequence[int]) -> None:
-        uid = 0
-        content_list: list[Content] = []
-        fresh_slots, fresh = [], []
-        for index, slot in enumerate(slots):
-            position = depth + index
-            content = self.slot_content.get(slot)
-            if content is None or content[1] != position:
-                uid = uid or self._fresh_uid()
-                content = (uid, position)
-                fresh_slots.append(slot)
-                fresh.append(content)
-                self.slot_content[slot] = content
-            content_list.append(content)
-        self.add_node(node_id, slots, content_list)
-        self.write_tags(fresh_slots, fresh)
-
-    def _adopt(self, node_id: int, depth: int, slots: Sequence[int]) -> None:
-        """The node's tokens now read the KV its owner wrote at ``slots`` (``SwaAdopt``).
-
-        Slots nobody wrote (a bare allocation's) get fresh tags, as an insert's
-        do; a slot computed for another position is reported.
-        """
-        contents: list[Content] = []
-        uid = 0
-        fresh_slots, fresh = [], []
-        for index, slot in enumerate(slots):
-            content = self.slot_content.get(slot)
-            if content is None:
-                uid = uid or self._fresh_uid()
-                content = self.slot_content[slot] = (uid, depth + index)
-                fresh_slots.append(slot)
-                fresh.append(content)
-            elif content[1] != depth + index:
-                self.errors.append(f"tree node {node_id} adopts slot {slot} as position "
-                                   f"{depth + index}, which holds KV computed for position "
-                                   f"{content[1]}")
-            contents.append(content)
-        self.demote_node(node_id)  # its old pages were freed by the same event
-        self.add_node(node_id, slots, contents)
-        self.write_tags(fresh_slots, fresh)
-
-    # -- tags (computed in integrity_tags) -------------------------------------------
-    def write_tags(self, slots: Sequence[int], contents: Sequence[Content]) -> None:
-        """Write the tags of ``contents`` at ``slots`` in every layer (the forward pass's writes;
-        in a hybrid the SWA layers write the same tokens where the full -> SWA mapping says)."""
-        if slots:
-            if self.swa is None:
-                self.layout.write(slots, contents)
-            else:
-                self.swa.write(slots, contents, self.layout)
-            self.wrote(slots)
+    def write_state(self, slot: int, request: RequestId, position: int,
+                    start: int | None = None) -> None:
+        """A forward pass of ``request`` wrote its Mamba state after ``position`` tokens into
+        ``slot`` (see :meth:`~kvstate.executor.integrity_mamba.MambaMonitor.write_state`);
+        ``ValueError`` without a Mamba pool or for bad arguments (nothing changed)."""
+        if self.mamba is None:
+            raise ValueError("the executor holds no Mamba states")
+        self.mamba.write_state(slot, request, position, start)
 
     # -- checking ------------------------------------------------------------------------
     def verify(self, state: Any = None) -> IntegrityReport:
         """Full check: every live token through every export, the tree, host copies (read-only)."""
-        return verify_full(self, self.executor.view if state is None else state)
+        state = self.executor.view if state is None else state
+        self.between_decisions()
+        report = verify_full(self, state)
+        return report if self.mamba is None else _with(report, verify_mamba, self.mamba, state)
 
     def check(self, state: Any = None) -> IntegrityReport:
         """Incremental check: only what changed since the last check or verification."""
-        return check_changes(self, self.executor.view if state is None else state)
+        state = self.executor.view if state is None else state
+        self.between_decisions()
+        report = check_changes(self, state)
+        return report if self.mamba is None else _with(report, check_mamba, self.mamba, state)
 
     def check_read(self, request_id: RequestId, slots: Sequence[int], start: int = 0,
                    state: Any = None) -> IntegrityReport:
@@ -334,18 +240,32 @@ class IntegrityMonitor(Tables):
         Reports a dangling position as a use after free, a slot that is not
         the one the state maps, and bytes that are not the expected tags.
         """
+        self.between_decisions()
         return check_kernel_read(self, self.executor.view if state is None else state,
                                  request_id, slots, start)
 
 
-def enable_integrity(executor: Any, *, request_pool: Any = None,
-                     replayed: bool = False) -> IntegrityMonitor:
+def _with(report: IntegrityReport, part: Any, mamba: MambaMonitor, state: Any) -> IntegrityReport:
+    """``report`` with the Mamba states' check ``part`` added."""
+    problems = list(report.problems)
+    checked = report.tokens_checked + part(mamba, state, problems)
+    if checked == report.tokens_checked and len(problems) == len(report.problems):
+        return report
+    return IntegrityReport(not problems, tuple(problems), checked)
+
+
+def enable_integrity(executor: Any, *, request_pool: Any = None, replayed: bool = False,
+                     infer_mamba_states: bool = True) -> IntegrityMonitor:
     """Attach a monitor to ``executor`` (tags what its state already maps); returns it.
 
     ``replayed``: the engine applies a log one event per batch, so a batch is
     not a whole front-end decision (this matters to the SWA window checks only:
-    :mod:`kvstate.executor.integrity_swa`).
+    :mod:`kvstate.executor.integrity_swa`).  ``infer_mamba_states`` (an executor
+    with Mamba states): the running states follow the rows' KV writes and a
+    checkpoint the tree takes unwritten gets fresh tags; off, only
+    ``write_state`` writes states (:mod:`kvstate.executor.integrity_mamba`).
     """
-    monitor = IntegrityMonitor(executor, request_pool=request_pool, replayed=replayed)
+    monitor = IntegrityMonitor(executor, request_pool=request_pool, replayed=replayed,
+                               infer_mamba_states=infer_mamba_states)
     executor.integrity = monitor
     return monitor

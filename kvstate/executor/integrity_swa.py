@@ -24,13 +24,11 @@ at that SWA page, bytes computed for its position (``bound``); and, when the
 window ``W`` is known, every position of a request's last ``W`` must have
 one.  Positions before the window are legitimately gone.
 
-Freeing SWA that a row still reads inside its window is legitimate only as
-the first half of freeing those FULL pages too (SGLang's ``free`` releases
-SWA, then FULL; ``SwaRebind`` frees the request's FULL copies next): such
-pages are *pending* until the batch ends (``end_batch``), or, for a replayed
-log whose batch boundaries are not recorded (``replayed``), until a planned
-event other than a free arrives.  A pending page whose rows still read it
-then is a lost window token.
+A decision in progress (:mod:`kvstate.executor.integrity_swa_decision`):
+SWA freed under a row's window is *pending* until the decision ends (the
+FULL pages are freed next), and tokens computed before their page was
+paired (one decode decision allocates straight into the row, then pairs)
+get their SWA tags when the pairing arrives.
 """
 
 from __future__ import annotations
@@ -38,11 +36,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvstate.events import Free, FreeMapped, SwaFree
 from kvstate.executor.index_plan import IndexPlan, TokenRef
+from kvstate.executor.integrity_swa_decision import SwaDecision
 from kvstate.executor.integrity_tags import Content, TagLayout
-
-FREES = (SwaFree, Free, FreeMapped)  # the events of one front-end free call
 
 
 def swa_layout(executor: Any) -> TagLayout:
@@ -58,10 +54,11 @@ def swa_layout(executor: Any) -> TagLayout:
     return TagLayout(tensors, planes, pool.page_size)
 
 
-class SwaMonitor:
+class SwaMonitor(SwaDecision):
     """The SWA bookkeeping of one integrity monitor (owns plain dicts and sets only)."""
 
     def __init__(self, monitor: Any, executor: Any, state: Any, *, replayed: bool = False) -> None:
+        super().__init__()
         self.monitor = monitor
         self.executor = executor
         self.size = executor.page_size
@@ -76,7 +73,6 @@ class SwaMonitor:
         self.owner: dict[int, int] = {}
         self.bound: dict[int, Content] = {}
         self.content: dict[int, Content] = {}
-        self.pending: set[int] = set()
         self.clear_dirty()
         self._seed(state)
 
@@ -107,9 +103,8 @@ class SwaMonitor:
 
     # -- following plans ---------------------------------------------------------------
     def on_plan(self, event: Any, plan: IndexPlan) -> None:
-        """Update the SWA bookkeeping for one event (after the FULL side took it in)."""
-        if self.pending and self.replayed and not isinstance(event, FREES):
-            self.confirm()
+        """Update the SWA bookkeeping for one event (after the FULL side took it in; the
+        monitor called ``before_plan`` before it)."""
         if plan.touches_swa:
             self._pairing(plan)
         if plan.freed_slots or plan.copy_src:
@@ -150,6 +145,7 @@ class SwaMonitor:
                 self.pending.add(full)  # nothing else to look at: no SWA left to read there
         for full, page in plan.swa_paired:
             self._pair(full, page)
+            self.paired(full)
             if full in readers or full in tree_page:
                 self.pages.add(full)
         if plan.swa_freed_slots:
@@ -230,9 +226,25 @@ class SwaMonitor:
         """A forward pass's write of ``full_slots``: the SWA tags of ``contents`` go where the
         executor's ``full_to_swa_index_mapping`` sends them (a mapping that disagrees with
         the pairing is reported; an unpaired slot writes the padding sink, slot 0), and,
-        given ``full_layout``, the FULL tags at ``full_slots`` (both computed at once)."""
+        given ``full_layout``, the FULL tags at ``full_slots`` (both computed at once).
+
+        Through a live front end's registered mapping, which it fills after its decision,
+        the SWA part waits for the decision's end (``awaiting``: the forward pass runs then).
+        """
         if not full_slots:
             return
+        if self.lagging:
+            if full_layout is not None:
+                full_layout.write(full_slots, contents)
+            size = self.size
+            for slot, known in zip(full_slots, contents, strict=True):
+                self.defer(slot // size, slot, known)
+            return
+        self.write_now(full_slots, contents, full_layout)
+
+    def write_now(self, full_slots: Sequence[int], contents: Sequence[Content],
+                  full_layout: TagLayout | None = None) -> None:
+        """``write`` at once, through the mapping as it is now."""
         targets = self.executor.translate(full_slots)
         size, peer, bound, content = self.size, self.peer, self.bound, self.content
         readers, tree_page = self.monitor.readers, self.monitor.tree_page
@@ -254,7 +266,8 @@ class SwaMonitor:
                 self.pages.add(full)  # and its own readers miss these
             if page is None:
                 bound.pop(slot, None)
-                self.pages.add(full)  # computed with no SWA page: lost if inside a window
+                self.pages.add(full)  # computed with no SWA page: lost if inside a window,
+                self.defer(full, slot, known)  # unless the decision pairs the page next
             else:
                 bound[slot] = known
                 mapped = readers.get(full)
@@ -267,13 +280,3 @@ class SwaMonitor:
             self.layout.write(targets, contents)
         else:
             full_layout.write_with(full_slots, self.layout, targets, contents)
-
-    # -- pending frees ----------------------------------------------------------------------
-    def confirm(self) -> None:
-        """Pending SWA frees are final: rows that still read them lost window tokens."""
-        self.pages |= self.pending
-        self.pending.clear()
-
-    def end_batch(self) -> None:
-        if not self.replayed and self.pending:
-            self.confirm()

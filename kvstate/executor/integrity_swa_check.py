@@ -53,7 +53,7 @@ def _request_reads(swa: Any, request_id: RequestId, positions: Iterable[int], re
         slot = full * size + position % size
         page = peer.get(full)
         if page is None:
-            if position >= start and full not in swa.pending:
+            if position >= start and not swa.in_flight(full):
                 problems.append(f"SWA window lost: request {request_id!r} position {position} "
                                 f"(of {len(tokens)}, window {window}) maps FULL slot {slot}, "
                                 "whose page has no SWA page (freed or evicted)")

@@ -116,6 +116,7 @@ class _Group:
         words = _WORDS[tensor.element_size()]
         self.words = tensor.view(words).reshape(tensor.shape[0], tensor.shape[1], -1)
         self.width = self.words.shape[2]
+        self.tag_width = self.width  # columns the tags are computed at (a prefix is used)
         self.planes = tuple(planes)
         self.consts = np.array([plane_const(layer, salt) for layer, salt in planes], dtype=np.int64)
         self.device = tensor.device
@@ -147,7 +148,8 @@ class _Group:
 
     def expected(self, uids: np.ndarray, positions: np.ndarray, planes: slice = slice(None)
                  ) -> np.ndarray:
-        return self.lut[tag_array(uids, positions, self.consts[planes], self.width)]
+        tags = tag_array(uids, positions, self.consts[planes], self.tag_width)
+        return self.lut[tags if self.tag_width == self.width else tags[:, :, :self.width]]
 
     def chunks(self, rows: int) -> list[slice]:
         """Plane slices small enough to compute ``rows`` rows of tags at once."""

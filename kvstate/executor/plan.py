@@ -18,7 +18,8 @@ Which events move bytes: ``Copy`` (copy_*), ``Free``/``FreeMapped``/``Evict``/
 Block-mode events are planned in :mod:`kvstate.executor.plan_block`, host
 events in :mod:`kvstate.executor.plan_host`, tree events in
 :mod:`kvstate.executor.plan_tree`, SWA-pool events (and the SWA part of a
-``Copy`` or a ``Reset``) in :mod:`kvstate.executor.plan_swa`.  Every field is a tuple; an event that
+``Copy`` or a ``Reset``) in :mod:`kvstate.executor.plan_swa`, Mamba-pool events in
+:mod:`kvstate.executor.plan_mamba`.  Every field is a tuple; an event that
 moves nothing and changes no meaning gets ``EMPTY_PLAN``.
 """
 
@@ -173,4 +174,4 @@ def _copy(before: Any, event: Copy) -> IndexPlan:
 
 
 # Register the other planners (imported for their side effect on PLANNERS).
-from kvstate.executor import plan_block, plan_host, plan_swa, plan_tree  # noqa: E402,F401,I001
+from kvstate.executor import plan_block, plan_host, plan_mamba, plan_swa, plan_tree  # noqa: E402,F401,I001

@@ -7,8 +7,9 @@ meaning, so they have no planner.
 
 Which bytes move: ``Evict`` frees the pages of its nodes that no request
 holds (a request that holds a tree page keeps it); ``Reset`` frees what its
-scope releases (see ``kvstate.rules.rows``), SWA pages included
-(:func:`kvstate.executor.plan_swa.swa_reset_part`).  With a host tier an evicted
+scope releases (see ``kvstate.rules.rows``), SWA pages and Mamba states included
+(:func:`kvstate.executor.plan_swa.swa_reset_part`,
+:func:`kvstate.executor.plan_mamba.mamba_reset_part`).  With a host tier an evicted
 backed-up node is demoted (it stays host-only, its host bytes stay), and a
 tree reset drops every host copy.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 from kvstate.events import Evict, Insert, Reset, Split
 from kvstate.executor.index_plan import IndexPlan, depth_below, page_slots, plans
+from kvstate.executor.plan_mamba import mamba_reset_part
 from kvstate.executor.plan_swa import swa_reset_part
 from kvstate.state import ROOT
 
@@ -75,4 +77,5 @@ def _reset(before: Any, event: Reset) -> IndexPlan:
             host_freed = [page for pages in host.backup.values() for page in pages]
     size = before.geometry.page_size
     return IndexPlan(freed_slots=page_slots(freed, size), closed=closed, dropped_nodes=dropped,
-                     host_freed=page_slots(host_freed, size), **swa_reset_part(before, scope))
+                     host_freed=page_slots(host_freed, size), **swa_reset_part(before, scope),
+                     **mamba_reset_part(before, scope))

@@ -75,6 +75,13 @@ class SwaTorchExecutor(TorchExecutor):
         super().attach(engine)
         self._rebuild_mapping(view)
 
+    def before(self, event: Event, view: Any) -> None:
+        """Plan ``event``; the first of a batch first tells the integrity monitor that the
+        last decision is over (its forward pass wrote the SWA layers by now)."""
+        if self.integrity is not None and not self._pending:
+            self.integrity.between_decisions()
+        super().before(event, view)
+
     def after(self, events: Sequence[Event], view: Any) -> None:
         """Move the batch's bytes; then tell the integrity monitor the batch is whole."""
         super().after(events, view)
@@ -107,6 +114,12 @@ class SwaTorchExecutor(TorchExecutor):
             raise ValueError(f"full_to_swa_index_mapping must be a 1-D int64 tensor of "
                              f"{self.rows + 1} entries")
         self.full_to_swa_index_mapping = mapping
+
+    @property
+    def mapping_registered(self) -> bool:
+        """Whether ``translate`` reads a front end's mapping (filled by the front end after
+        its decision) rather than the executor's own (updated as each event is planned)."""
+        return self.full_to_swa_index_mapping is not self._own_mapping
 
     def translate(self, full_slots: Sequence[int]) -> list[int]:
         """The SWA slots ``full_to_swa_index_mapping`` gives ``full_slots`` (0: no SWA page)."""

@@ -35,6 +35,7 @@ from kvstate.sglang.inputs import (
     decode_form_0523,
     extend_form,
     extend_form_0523,
+    int64_tensor,
     int_list,
 )
 from kvstate.state import DETACHED, State
@@ -190,11 +191,9 @@ class TokenToKVPoolAllocator(FrontEndMixin):
 
     # -- helpers ------------------------------------------------------------------------
     def _slots_tensor(self, pages: Sequence[int]) -> torch.Tensor:
-        tensor = torch.tensor(pages, dtype=torch.int64)
         size = self.page_size
-        if size == 1:
-            return tensor
-        return (tensor[:, None] * size + torch.arange(size)).reshape(-1)
+        return int64_tensor(pages if size == 1 else
+                            [page * size + k for page in pages for k in range(size)])
 
     def _free_order(self, slots: list[int]) -> Group:
         """FIFO: the slots go to the tail in the order given (a duplicate is refused)."""
@@ -289,7 +288,7 @@ class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):
         slots = extend_slots(size, list(zip(prefixes, seqs, lasts, strict=True)), pages)
         if pages:
             self._commit([Allocate(tuple(pages))])
-        return torch.tensor([s for group in slots for s in group], dtype=torch.int64)
+        return int64_tensor([s for group in slots for s in group])
 
     def alloc_decode(self, *args: Any, **kwargs: Any) -> torch.Tensor | None:
         """One slot per request; ``seq_lens`` are the lengths *after* this token.
@@ -315,7 +314,7 @@ class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):
                              pages)
         if pages:
             self._commit([Allocate(tuple(pages))])
-        return torch.tensor(slots, dtype=torch.int64)
+        return int64_tensor(slots)
 
 
 __all__ = ["AllocatorBackup", "PagedTokenToKVPoolAllocator", "TokenToKVPoolAllocator"]

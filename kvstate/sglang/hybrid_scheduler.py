@@ -11,7 +11,7 @@ call with SGLang's (``tools/diff_sglang_hybrid.py``):
   pages, evicting ``extend + page``), write the row;
 * ``prefill_done``: the first output token, then the unfinished checkpoint;
 * ``decode_step``: the out-of-window SWA frees of ``maybe_evict_swa``, then one
-  token per request (evicting one page's worth first);
+  token per request (evicting one page's worth first), as one decision;
 * ``finish``: ``release_kv_cache`` with the finishing checkpoint.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from kvstate.planner.swa_decode import NO_SWA_PAGE
 from kvstate.sglang.hybrid_req import HybridReq
 from kvstate.sglang.params import MatchPrefixParams, RadixKey
 from kvstate.sglang.unified_flows import SWA_EVICTION_INTERVAL, checkpoint_kv_cache, release_kv_cache
@@ -55,8 +56,8 @@ def admit(cache: Any, req: HybridReq) -> torch.Tensor:
     if out is None:
         raise MemoryError("prefill out of memory")
     if req.prefix_len:
-        pool.write((row, slice(0, req.prefix_len)), prefix.to(torch.int32))
-    pool.write((row, slice(req.prefix_len, length)), out.to(torch.int32))
+        pool.write((row, slice(0, req.prefix_len)), prefix)
+    pool.write((row, slice(req.prefix_len, length)), out)
     req.kv.kv_allocated_len = req.kv.kv_committed_len = length
     req.extend_end = length
     return out
@@ -74,30 +75,19 @@ def prefill_done(cache: Any, req: HybridReq, token: int, *, finished: bool = Fal
 
 def decode_step(cache: Any, reqs: Sequence[HybridReq], token: int, *,
                 interval: int = SWA_EVICTION_INTERVAL) -> list[int]:
-    """One decode step of ``reqs``: slide their windows, then one slot each."""
-    allocator, pool = cache.token_to_kv_pool_allocator, cache.req_to_token_pool
-    cache.maybe_evict_swa(list(reqs), eviction_interval=interval)
-    size = allocator.page_size
-    slots = []
-    for req in reqs:
-        row, length = req.kv.req_pool_idx, req.kv.kv_allocated_len
-        if size == 1:
-            allocator.evict_to_free_tokens(cache, 1)
-            out = allocator.alloc(1)
-        else:
-            last = pool.req_to_token[row, length - 1].to(torch.int64).view(1)
-            allocator.evict_to_free_tokens(cache, size)
-            after = torch.tensor([length + 1])
-            out = allocator.alloc_decode(after, after, last)
-        if out is None:
-            raise MemoryError("decode out of memory")
-        pool.write((row, length), out.to(torch.int32)[:1])
+    """One decode step of ``reqs``: slide their windows, then one slot each (one decision:
+    ``UnifiedRadixCache.alloc_for_decode``)."""
+    step = cache.alloc_for_decode(reqs, eviction_interval=interval)
+    for req in reqs[: len(step.slots)]:
         req.kv.kv_allocated_len += 1
         req.kv.kv_committed_len += 1
         req.output_ids.append(token)
         req.decode_batch_idx += 1
-        slots.append(int(out[0]))
-    return slots
+    if step.stopped == NO_SWA_PAGE:
+        raise ValueError("a decode continues a page that has no SWA page")
+    if step.stopped is not None:
+        raise MemoryError("decode out of memory")
+    return list(step.slots)
 
 
 def finish(cache: Any, req: HybridReq) -> None:

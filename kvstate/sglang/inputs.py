@@ -55,7 +55,7 @@ def int_seq(values: Any, what: str, *, low: int = 0, high: int = MAX_ID) -> Sequ
     if isinstance(values, torch.Tensor):
         if values.dtype not in _INT_DTYPES:
             raise TypeError(f"{what} must hold integers, got a {values.dtype} tensor")
-        out = values.reshape(-1).tolist()
+        out = (values if values.dim() == 1 else values.reshape(-1)).tolist()
     elif isinstance(values, array):
         if values.typecode not in _INT_TYPECODES:
             raise TypeError(f"{what} must hold integers, got array typecode {values.typecode!r}")
@@ -82,6 +82,27 @@ def int_seq(values: Any, what: str, *, low: int = 0, high: int = MAX_ID) -> Sequ
         bad = next(v for v in out if not low <= v <= high)
         raise ValueError(f"{what}: {bad} is outside {low}..{high}")
     return out
+
+
+def int64_tensor(values: Sequence[int]) -> torch.Tensor:
+    """A new CPU int64 tensor of ``values`` (ints in int64's range), built from an ``array``
+    buffer: a few times cheaper than ``torch.tensor(list)``, which infers the type of every
+    element."""
+    if not values:
+        return torch.empty((0,), dtype=torch.int64)
+    return torch.frombuffer(array("q", values), dtype=torch.int64)
+
+
+def cpu_array(tensor: torch.Tensor) -> Any:
+    """A numpy view sharing a CPU tensor's memory (``None`` on another device or without
+    numpy): mirrors write single entries through it, at a small fraction of a tensor
+    element write's cost, and the tensor sees them at once."""
+    if tensor.device.type != "cpu" or tensor.requires_grad:
+        return None
+    try:
+        return tensor.numpy()
+    except (RuntimeError, TypeError):  # numpy missing, or a dtype numpy lacks
+        return None
 
 
 def token_ids(key: Any) -> tuple[int, ...]:
@@ -144,5 +165,5 @@ def decode_form(seq_lens: Any, last_loc: Any) -> None:
     """``alloc_decode`` in the plain form."""
 
 
-__all__ = ["as_int", "bind_forms", "int_seq", "decode_form", "decode_form_0523", "extend_form",
-           "extend_form_0523", "int_list", "is_params", "token_ids"]
+__all__ = ["as_int", "bind_forms", "cpu_array", "int_seq", "decode_form", "decode_form_0523",
+           "extend_form", "extend_form_0523", "int64_tensor", "int_list", "is_params", "token_ids"]

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstate.engine import Engine
+from kvstate.planner.mamba_evict import plan_mamba_evict_for_alloc
 from kvstate.planner.mamba_match import MambaReceipt
 from kvstate.planner.mamba_requests import (
     MambaConfig,
@@ -35,6 +36,7 @@ from kvstate.planner.mamba_requests import (
     plan_mamba_release,
     swa_window_frees,
 )
+from kvstate.planner.swa_decode import Evictor
 from kvstate.sglang.hybrid_req import SWA
 from kvstate.sglang.inputs import as_int
 from kvstate.sglang.mamba_pool import clear_mamba_fields
@@ -150,6 +152,20 @@ class MambaFlows:
             self.token_to_kv_pool_allocator.free_swa_segment(slots, start_pos=start)
         if evicted != cursor.swa_evicted:
             req.kv.set_evicted_seqlen(SWA, evicted)
+
+    def _window_slide(self, req: Any, pre_len: int, interval: int) -> tuple[int, list[int]]:
+        """The request's new SWA cursor and the pages whose SWA left the window (keeping a
+        window behind its last tracked checkpoint)."""
+        assert self.swa_window is not None
+        return swa_window_frees(self.engine.view, self._mamba_cursor(req), pre_len,
+                                window=self.swa_window, interval=interval)
+
+    def _decode_evictor(self) -> Evictor:
+        at_head = self._at_head
+
+        def evict(batch: Any, full: int, swa: int) -> None:
+            plan_mamba_evict_for_alloc(batch, full, swa, 0, at_head=at_head)
+        return evict
 
     # -- requests <-> cursors ----------------------------------------------------------
     def _row(self, row: Any) -> Any:

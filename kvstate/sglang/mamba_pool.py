@@ -36,7 +36,7 @@ from kvstate.events import Event, MambaBind, MambaCopy, MambaDonate, MambaFree, 
 from kvstate.invariants import Violation
 from kvstate.planner.mamba_slots import plan_free_row_slots, plan_row_slots, plan_take_slots
 from kvstate.sglang.binding import FrontEndMixin
-from kvstate.sglang.inputs import as_int, int_list
+from kvstate.sglang.inputs import as_int, cpu_array, int64_tensor, int_list
 from kvstate.sglang.pool import ReqToTokenPool
 
 
@@ -53,7 +53,7 @@ class MambaSlotAllocator(FrontEndMixin):
 
     @property
     def free_slots(self) -> torch.Tensor:
-        return torch.tensor(list(self.engine.view.mamba.free_slots), dtype=torch.int64)
+        return int64_tensor(list(self.engine.view.mamba.free_slots))
 
     def available_size(self) -> int:
         return len(self.engine.view.mamba.free_slots)
@@ -67,7 +67,7 @@ class MambaSlotAllocator(FrontEndMixin):
         need = as_int(need_size, "need_size")
         with self.engine.batch() as batch:
             slots = plan_take_slots(batch, need)
-        return None if slots is None else torch.tensor(slots, dtype=torch.int64)
+        return None if slots is None else int64_tensor(slots)
 
     def free(self, free_index: Any) -> None:
         """Append slots (held ones) to the free list, in order.  Commits ``MambaFree``."""
@@ -95,20 +95,33 @@ class MambaPool:
                 batch.emit(MambaCopy(src, dst))
 
 
+_MAPPED = frozenset({MambaBind, MambaDonate, Reset})  # the events that write the mappings
+
+
 class MambaMappingMirror:
     """Engine listener keeping the request -> Mamba slot tensors as SGLang writes them."""
 
     def __init__(self, running: torch.Tensor, track: torch.Tensor | None) -> None:
         self.running, self.track = running, track
+        # where single entries are written: a CPU tensor's numpy view (same memory, cheaper)
+        array = cpu_array(running)
+        self._running = running if array is None else array
+        self._track = None if track is None else cpu_array(track)
 
     def after(self, events: Sequence[Event], view: Any) -> None:
         for event in events:
+            if type(event) not in _MAPPED:
+                continue
             if isinstance(event, MambaBind) and type(event.row) is int:
-                self.running[event.row] = event.slots[0]
+                self._running[event.row] = event.slots[0]
                 if self.track is not None and len(event.slots) > 1:
-                    self.track[event.row] = torch.tensor(event.slots[1:], dtype=torch.int64)
+                    if self._track is not None:
+                        self._track[event.row] = event.slots[1:]
+                    else:
+                        self.track[event.row] = int64_tensor(event.slots[1:])
             elif isinstance(event, MambaDonate) and self.track is not None:
-                self.track[int(event.row), event.index - 1] = event.fresh
+                track = self.track if self._track is None else self._track
+                track[int(event.row), event.index - 1] = event.fresh
             elif isinstance(event, Reset) and event.scope in ("rows", "all"):
                 self.running.zero_()
                 if self.track is not None:
@@ -239,7 +252,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         with self.engine.batch() as batch:
             batch.emit(MambaDonate(row, 1 + index, fresh))
         req.kv.mamba_ping_pong_track_buffer[index] = fresh
-        return torch.tensor([donated], dtype=torch.int64)
+        return int64_tensor([donated])
 
     def free_mamba_cache(self, req: Any, mamba_ping_pong_track_buffer_to_keep: int | None = None
                          ) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from kvstate.planner.swa_decode import NO_SWA_PAGE
 from kvstate.sglang.mamba_req import MambaReq
 from kvstate.sglang.params import EvictParams, MatchPrefixParams, RadixKey
 from kvstate.sglang.unified_flows import SWA_EVICTION_INTERVAL, checkpoint_kv_cache
@@ -102,7 +103,7 @@ def extend_chunk(cache: Any, req: MambaReq, chunk: int) -> torch.Tensor:
     start = req.kv.kv_allocated_len
     last = cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start - 1:start]
     end = min(len(req.full_untruncated_fill_ids), start + chunk)
-    return _extend(cache, req, end, last.to(torch.int64))
+    return _extend(cache, req, end, last)
 
 
 def _extend(cache: Any, req: MambaReq, end: int, last: torch.Tensor | None,
@@ -125,8 +126,8 @@ def _extend(cache: Any, req: MambaReq, end: int, last: torch.Tensor | None,
     if out is None:
         raise MemoryError("prefill out of memory")
     if prefix is not None and len(prefix):
-        pool.write((req.kv.req_pool_idx, slice(0, start)), prefix.to(torch.int32))
-    pool.write((req.kv.req_pool_idx, slice(start, end)), out.to(torch.int32))
+        pool.write((req.kv.req_pool_idx, slice(0, start)), prefix)
+    pool.write((req.kv.req_pool_idx, slice(start, end)), out)
     req.kv.kv_allocated_len = req.kv.kv_committed_len = end
     req.extend_end = end
     track_extend(cache, req)
@@ -195,34 +196,20 @@ def prefill_done(cache: Any, req: MambaReq, token: int, *, finished: bool = Fals
 
 def decode_step(cache: Any, reqs: Sequence[MambaReq], token: int, *,
                 interval: int = SWA_EVICTION_INTERVAL) -> list[int]:
-    """One decode step of ``reqs``: slide their SWA windows, then one slot each."""
-    allocator, pool = cache.token_to_kv_pool_allocator, cache.req_to_token_pool
-    if cache.supports_swa():
-        cache.maybe_evict_swa(list(reqs), eviction_interval=interval)
-    size = allocator.page_size
-    slots = []
-    for req in reqs:
-        row, length = req.kv.req_pool_idx, req.kv.kv_allocated_len
-        if size == 1:
-            evict_to_free_tokens(cache, 1)
-            out = allocator.alloc(1)
-        else:
-            last = pool.req_to_token[row, length - 1].to(torch.int64).view(1)
-            evict_to_free_tokens(cache, size)
-            if not pools_fit(allocator, int(length % size == 0)):
-                raise MemoryError("decode out of memory")
-            after = torch.tensor([length + 1])
-            out = allocator.alloc_decode(after, after, last)
-        if out is None:
-            raise MemoryError("decode out of memory")
-        pool.write((row, length), out.to(torch.int32)[:1])
+    """One decode step of ``reqs``: slide their SWA windows, then one slot each (one
+    decision: ``alloc_for_decode``), then the decode tracking."""
+    step = cache.alloc_for_decode(reqs, eviction_interval=interval)
+    for req in reqs[: len(step.slots)]:
         req.kv.kv_allocated_len += 1
         req.kv.kv_committed_len += 1
         req.output_ids.append(token)
         req.decode_batch_idx += 1
         track_decode(cache, req)
-        slots.append(int(out[0]))
-    return slots
+    if step.stopped == NO_SWA_PAGE:
+        raise ValueError("a decode continues a page that has no SWA page")
+    if step.stopped is not None:
+        raise MemoryError("decode out of memory")
+    return list(step.slots)
 
 
 def finish(cache: Any, req: MambaReq) -> None:

@@ -39,6 +39,7 @@ from kvstate.sglang.inputs import (
     decode_form_0523,
     extend_form,
     extend_form_0523,
+    int64_tensor,
     int_list,
 )
 from kvstate.sglang.params import EvictParams
@@ -165,7 +166,7 @@ class SWATokenToKVPoolAllocator(SwaFreesMixin, FrontEndMixin):
         slots = extend_slots(size, list(zip(prefixes, seqs, lasts, strict=True)), pages)
         flat = [s for group in slots for s in group]
         self._allocate(pages, flat)
-        return torch.tensor(flat, dtype=torch.int64)
+        return int64_tensor(flat)
 
     def alloc_decode(self, *args: Any, **kwargs: Any) -> torch.Tensor | None:
         """One slot per request (``seq_lens`` after the token), both pools in step.
@@ -186,7 +187,12 @@ class SWATokenToKVPoolAllocator(SwaFreesMixin, FrontEndMixin):
         slots = decode_slots(size, [(s - 1, last) for s, last in zip(seqs, lasts, strict=True)],
                              pages)
         self._allocate(pages, slots)
-        return torch.tensor(slots, dtype=torch.int64)
+        return int64_tensor(slots)
+
+    def map_slots(self, slots: Sequence[int]) -> None:
+        """FULL ``slots`` a decision handed out (their pages paired): map each to its SWA
+        slot, as the allocator does for its own allocations."""
+        self._mirror.hand_out(slots, self.engine.view)
 
     def _check_partial(self, last_loc: int, length: int) -> None:
         """A row that continues a partial page needs that page's SWA peer (SGLang
@@ -210,10 +216,9 @@ class SWATokenToKVPoolAllocator(SwaFreesMixin, FrontEndMixin):
         self._mirror.hand_out(slots, self.engine.view)
 
     def _slots(self, pages: Sequence[int]) -> torch.Tensor:
-        tensor = torch.tensor(pages, dtype=torch.int64)
-        if self.page_size == 1:
-            return tensor
-        return (tensor[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
+        size = self.page_size
+        return int64_tensor(list(pages) if size == 1 else
+                            [page * size + k for page in pages for k in range(size)])
 
 
 __all__ = ["PoolView", "SWATokenToKVPoolAllocator"]

@@ -15,6 +15,9 @@ from typing import Any
 import torch
 
 from kvstate.events import Event, Reset, SwaEvict, SwaFree, SwaRebind
+from kvstate.sglang.inputs import cpu_array, int64_tensor
+
+_UNPAIRING = frozenset({SwaFree, SwaRebind, SwaEvict, Reset})  # events that unpair FULL pages
 
 
 class PoolView:
@@ -32,7 +35,7 @@ class PoolView:
     @property
     def free_pages(self) -> torch.Tensor:
         """Free slots (page size 1) or free page ids (paged), head first, as SGLang keeps them."""
-        return torch.tensor(list(self._queue()), dtype=torch.int64)
+        return int64_tensor(list(self._queue()))
 
     def available_size(self) -> int:
         return len(self._queue()) * self.page_size
@@ -41,33 +44,43 @@ class PoolView:
 class MappingMirror:
     """Engine listener keeping ``full_to_swa_index_mapping`` equal to the pairing, slot by
     slot as SGLang writes it: a slot reads its SWA peer from when the allocator hands it
-    out (``hand_out``) until its page's SWA is freed (the whole page is cleared then)."""
+    out (``hand_out``) until its page's SWA is freed (the whole page is cleared then, at
+    the end of the batch: a page paired again in the same batch is mapped afresh by the
+    hand-out that follows the batch)."""
 
     def __init__(self, tensor: torch.Tensor, page_size: int) -> None:
         self.tensor, self.page_size = tensor, page_size
+        self._array = cpu_array(tensor)  # the same memory, for cheap writes on the CPU
         self._cleared: list[tuple[Event, list[int] | None]] = []  # None: after a reset
 
     def hand_out(self, slots: Sequence[int], view: Any) -> None:
         """The allocator gave out FULL ``slots`` (just paired): map each to its SWA slot
-        (one indexed write, on the tensor's device)."""
+        (through the numpy view on the CPU, one indexed write on another device)."""
         if not slots:
             return
-        size, peer = self.page_size, view.swa.peer
+        size, peer, tensor = self.page_size, view.swa.peer, self.tensor
         values = [peer[slot // size] * size + slot % size for slot in slots]
-        device = self.tensor.device
-        self.tensor[torch.tensor(list(slots), dtype=torch.int64, device=device)] = torch.tensor(
-            values, dtype=torch.int64, device=device)
+        array = self._array
+        if array is not None:
+            if len(slots) == 1:
+                array[slots[0]] = values[0]
+            else:
+                array[list(slots)] = values
+            return
+        device = tensor.device
+        tensor[int64_tensor(slots).to(device)] = int64_tensor(values).to(device)
 
     def before(self, event: Event, view: Any) -> None:
+        if type(event) not in _UNPAIRING:
+            return
         pages: list[int] | None
         if isinstance(event, (SwaFree, SwaRebind)):
             pages = list(event.pages)
         elif isinstance(event, SwaEvict):
-            pages = [p for n in event.nodes if n in view.nodes for p in view.nodes[n].pages]
-        elif isinstance(event, Reset):
-            pages = None
+            nodes = view.nodes
+            pages = [p for n in event.nodes if n in nodes for p in nodes[n].pages]
         else:
-            return
+            pages = None
         self._cleared.append((event, pages))
 
     def discard(self, event: Event) -> None:
@@ -78,14 +91,19 @@ class MappingMirror:
         size, peer = self.page_size, view.swa.peer
         gone: list[int] = []
         for _, pages in cleared:
-            candidates = pages if pages is not None else range((len(self.tensor) - 1) // size)
-            gone.extend(page for page in candidates if page not in peer)
-        if gone:
-            index = torch.tensor([p * size + k for p in gone for k in range(size)],
-                                 dtype=torch.int64, device=self.tensor.device)
-            self.tensor.index_fill_(0, index, 0)
+            if pages is not None:  # unpaired by the event, even if paired again since
+                gone.extend(pages)
+            else:
+                gone.extend(p for p in range((len(self.tensor) - 1) // size) if p not in peer)
+        tensor, array = self.tensor, self._array
+        if array is not None:
+            for page in gone:
+                array[page * size: page * size + size] = 0
+        elif gone:
+            index = int64_tensor([p * size + k for p in gone for k in range(size)])
+            tensor.index_fill_(0, index.to(tensor.device), 0)
         for event in events:
-            if isinstance(event, SwaRebind):  # the kept FULL slots read the moved SWA slots
+            if type(event) is SwaRebind:  # the kept FULL slots read the moved SWA slots
                 node = view.nodes.get(event.node)
                 if node is not None:
                     self.hand_out([p * size + k for p in node.pages for k in range(size)], view)

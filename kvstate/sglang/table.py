@@ -25,6 +25,7 @@ import torch
 from kvstate.events import Allocate, Assign, Event, Scatter, Share
 from kvstate.invariants import Violation
 from kvstate.records import RequestId
+from kvstate.sglang.inputs import cpu_array, int64_tensor
 from kvstate.state import slot_span
 
 CHECK_NAME = "req_to_token"
@@ -39,10 +40,13 @@ class TableMirror:
     ``Allocate`` appends at the row's length *before* the event, so
     ``before`` records its positions and ``after`` writes them once the
     batch is committed (a refused or rolled-back event writes nothing).
+    A CPU table is written through a numpy view of its memory (an element
+    write there costs a small fraction of a tensor element write).
     """
 
     def __init__(self, table: torch.Tensor) -> None:
         self.table = table
+        self._array = cpu_array(table)  # the same memory, for cheap writes on the CPU
         self._prepared: list[tuple[Event, list[Write]]] = []
         self._given: tuple[Event, tuple[torch.Tensor, ...]] | None = None
 
@@ -78,10 +82,25 @@ class TableMirror:
                         break
 
     def _write(self, row: int, start: int, slots: Sequence[int]) -> None:
-        values = torch.tensor(slots, dtype=torch.int32)
-        self.table[row, start: start + len(slots)] = values.to(self.table.device)
+        array = self._array
+        if array is not None:  # a CPU table: through its numpy view
+            if len(slots) == 1:  # a decode step's slot
+                array[row, start] = slots[0]
+            else:
+                array[row, start: start + len(slots)] = slots
+            return
+        values = int64_tensor(slots).to(device=self.table.device, dtype=torch.int32)
+        self.table[row, start: start + len(slots)] = values
 
     def _write_given(self, event: Event, tensors: tuple[torch.Tensor, ...]) -> None:
+        arrays = [cpu_array(t) for t in tensors] if self._array is not None else [None]
+        if all(a is not None for a in arrays):  # CPU table and tensors: numpy, no conversions
+            if isinstance(event, Scatter):
+                self._array[arrays[0], arrays[1]] = arrays[2]
+            elif isinstance(event, Assign):
+                self._array[int(event.request), event.start: event.start + len(event.slots)] = \
+                    arrays[0]
+            return
         device = self.table.device
         if isinstance(event, Scatter):
             rows, positions, values = (t.to(device) for t in tensors)
@@ -95,6 +114,9 @@ class TableMirror:
         rows = [row for row, _, _ in items if type(row) is int]
         if len(rows) != len(items):
             items = [item for item in items if type(item[0]) is int]
+        if self._array is not None:
+            self._array[rows, [position for _, position, _ in items]] = [s for _, _, s in items]
+            return
         device = self.table.device
         positions = torch.tensor([position for _, position, _ in items], device=device)
         slots = torch.tensor([slot for _, _, slot in items], dtype=torch.int32, device=device)

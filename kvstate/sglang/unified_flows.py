@@ -11,6 +11,11 @@
   branch of ``ScheduleBatch.maybe_evict_swa`` (``maybe_evict_swa(reqs)``):
   the out-of-window SWA frees, through the allocator's ``free_swa_segment``
   (so a free group parks them).
+* ``alloc_for_decode(reqs, eviction_interval=)``: one decode step's KV as one
+  decision (``kvstate.planner.swa_decode``): ``SwaFree`` of the due windows,
+  each pool's shortfall evicted, ``Allocate(pages, items)`` writing each
+  request's slot into its row and ``SwaAlloc`` pairing the fresh pages.  The
+  requests' lengths stay the scheduler's to move.
 
 Each flow reads the request (``kvstate.sglang.hybrid_req.HybridReq``) into a
 ``HybridCursor``, plans, and writes the new cursor back.
@@ -18,9 +23,12 @@ Each flow reads the request (``kvstate.sglang.hybrid_req.HybridReq``) into a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvstate.engine import Engine
+from kvstate.planner.swa_decode import DecodeStep, Evictor, plan_decode_step
+from kvstate.planner.swa_evict import plan_evict_for_alloc
 from kvstate.planner.swa_requests import (
     HybridCursor,
     out_of_window,
@@ -45,6 +53,8 @@ class UnifiedFlows:
     sliding_window_size: int
     token_to_kv_pool_allocator: Any
     _at_head: bool
+    supports_swa: Callable[[], bool]
+    supports_prefix_sharing: Callable[[], bool]
 
     def checkpoint(self, req: Any, *, up_to: int) -> None:
         """Insert ``[cache_protected_len, up_to)`` of the request and move its lock there."""
@@ -110,6 +120,59 @@ class UnifiedFlows:
             slots = slots_of(self.engine.view, cursor.request, start, moved.evicted)
             self.token_to_kv_pool_allocator.free_swa_segment(slots, start_pos=start)
         req.kv.set_evicted_seqlen(SWA, moved.evicted)
+
+    def alloc_for_decode(self, reqs: Sequence[Any], *,
+                         eviction_interval: int = SWA_EVICTION_INTERVAL) -> DecodeStep:
+        """One decode step's KV for ``reqs`` as one decision (0.5.23's ``alloc_for_decode``
+        as the scheduler steps it, request by request): the out-of-window SWA frees of
+        ``maybe_evict_swa``, then for each request the pools' shortfall evicted and its next
+        slot allocated straight into its row (``kvstate.planner.swa_decode``).  The
+        requests' SWA cursors move; their lengths do not (the scheduler's).  A step that
+        stops early (``DecodeStep.stopped``) keeps what it did before the request that found
+        no room, as 0.5.23 does."""
+        allocator, view = self.token_to_kv_pool_allocator, self.engine.view
+        interval = as_int(eviction_interval, "eviction_interval", low=1)
+        width = view.geometry.row_width
+        rows = []
+        for req in reqs:
+            record = self._record(req)
+            length = req.kv.kv_allocated_len
+            if length != record.allocated or length >= width:
+                raise ValueError(f"{req!r} cannot take position {length} of its row")
+            rows.append((int(req.kv.req_pool_idx), length))
+        slides: list[tuple[Any, int]] = []
+        frees: list[int] = []
+        if self.supports_swa():
+            window, peer = self.sliding_window_size, view.swa.peer
+            for req in reqs:
+                due = req.seqlen - 1 - window >= req.kv.get_evicted_seqlen(SWA) + interval
+                if req.decode_batch_idx >= 1 and due:
+                    evicted, pages = self._window_slide(req, req.seqlen - 1, 1)
+                    if any(page not in peer for page in pages):
+                        raise ValueError(f"{req!r}'s out-of-window pages lost their SWA already")
+                    slides.append((req, evicted))
+                    frees += pages
+        evict = self._decode_evictor() if self.supports_prefix_sharing() else None
+        with self.engine.batch() as batch:
+            step = plan_decode_step(batch, frees, rows, evict=evict, at_head=self._at_head)
+        for req, evicted in slides:
+            req.kv.set_evicted_seqlen(SWA, evicted)
+        if self.supports_swa():
+            allocator.map_slots(step.slots)
+        return step
+
+    def _window_slide(self, req: Any, pre_len: int, interval: int) -> tuple[int, list[int]]:
+        """The request's new SWA cursor and the pages whose SWA left the window."""
+        moved, pages = out_of_window(self.engine.view, self._cursor(req), pre_len,
+                                     window=self.sliding_window_size, interval=interval)
+        return moved.evicted, pages
+
+    def _decode_evictor(self) -> Evictor:
+        at_head = self._at_head
+
+        def evict(batch: Any, full: int, swa: int) -> None:
+            plan_evict_for_alloc(batch, full, swa, at_head=at_head)
+        return evict
 
     def maybe_evict_swa(self, reqs: list[Any], *,
                         eviction_interval: int = SWA_EVICTION_INTERVAL) -> None:

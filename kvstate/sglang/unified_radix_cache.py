@@ -39,7 +39,7 @@ from kvstate.planner.swa_match import (
 )
 from kvstate.sglang.binding import FrontEndMixin
 from kvstate.sglang.hybrid_req import SWA, HybridLock, HybridReceipt, component_name
-from kvstate.sglang.inputs import as_int, int_list, token_ids
+from kvstate.sglang.inputs import as_int, int64_tensor, int_list, token_ids
 from kvstate.sglang.params import EvictResult, InsertResult, MatchResult
 from kvstate.sglang.pool import ReqToTokenPool
 from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
@@ -130,7 +130,7 @@ class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
 
     def path_device_indices(self, node: TreeNode | None) -> torch.Tensor:
         """The FULL slots from the root to ``node`` (int64)."""
-        return torch.tensor(path_slots(self.engine.view, self._node_id(node)), dtype=torch.int64)
+        return int64_tensor(path_slots(self.engine.view, self._node_id(node)))
 
     def prefix_device_indices(self, req: Any) -> torch.Tensor:
         return self.path_device_indices(req.last_node)[: req.prefix_len]
