@@ -6,7 +6,9 @@ malformed lines fail here, with their line), then a trace without prefix
 data is named (and, unless asked for, not run), then the slow-setting
 warnings, then one run per (policy, capacity), each with its progress.
 Everything a user reads about units tells tokens, pages and trace blocks
-apart.
+apart.  ``--model`` takes its own path (``_run_models``): every argument and
+every budget is checked before the first run (a bad one is one line and
+exit 2), then one report per layout and budget (``kvstate.simulate.hybrid_*``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def _malformed(error: TraceFormatError) -> int:
 def run_simulate(args: argparse.Namespace) -> int:
     from kvstate.commands.simulate import _split_list, parse_capacity
 
+    if args.model or args.memory:
+        return _run_models(args)
+    if not args.capacity:
+        return _usage("give --capacity (or --model with --memory)")
     try:
         capacities = [parse_capacity(text) for text in _split_list(args.capacity)]
     except ValueError as error:
@@ -166,3 +172,111 @@ def _print_result(args: argparse.Namespace, result: SimulationResult) -> None:
               "replay counts tokens and labels the slots)", flush=True)
     elif record is not None:
         print(f"recorded {args.record}: pages of {record['page_size']} tokens", flush=True)
+
+
+# -- --model: hybrid layouts against full attention --------------------------------------------
+_NOT_WITH_MODEL = (("max_running", None, "--max-running"), ("record", None, "--record"),
+                   ("out", None, "--out"), ("granularity", None, "--granularity"),
+                   ("eviction_unit", "node", "--eviction-unit"), ("cache_output", False, "--cache-output"))
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    """``--model``: parse everything, read the trace once, then one report per layout and budget."""
+    from kvstate.commands.simulate import _split_list, parse_capacity, parse_memory
+    from kvstate.simulate.hybrid_pools import MAX_MAMBA_RATIO, ratio
+    from kvstate.simulate.hybrid_report import ModelOptions
+    from kvstate.simulate.layout_parse import ALL, LayoutError, parse_model
+    from kvstate.simulate.models import NAMED
+
+    if not args.model:
+        return _usage("--memory needs --model")
+    if (args.capacity is None) == (args.memory is None):
+        return _usage("with --model give --memory or --capacity (one of them)")
+    for name, default, flag in _NOT_WITH_MODEL:
+        if getattr(args, name) != default:
+            return _usage(f"{flag} does not apply to --model (the runs follow SGLang's hybrid flows)")
+    if any(policy != "lru" for policy in _split_list(args.policy or ["lru"])):
+        return _usage("--model runs SGLang's hybrid cache, which evicts by LRU only (--policy lru)")
+    try:
+        layouts = [layout for value in args.model
+                   for layout in (NAMED.values() if value == ALL else [parse_model(value)])]
+        budgets: list[tuple[float, bool, bool]] = (
+            [(parse_memory(text), False, True) for text in _split_list(args.memory)]
+            if args.memory else
+            [(*parse_capacity(text), False) for text in _split_list(args.capacity)])
+        options = ModelOptions(ratio(args.swa_full_tokens_ratio, "--swa-full-tokens-ratio"),
+                               ratio(args.mamba_full_memory_ratio, "--mamba-full-memory-ratio",
+                                     high=MAX_MAMBA_RATIO),
+                               decode=args.decode, warmup=args.warmup)
+    except (LayoutError, ValueError) as error:
+        return _usage(str(error))
+    if not layouts or not budgets:
+        return _usage("give at least one --model and one --memory or --capacity value")
+    if not 0.0 <= args.warmup < 1.0:
+        return _usage(f"--warmup must be in [0, 1), got {args.warmup}")
+    if args.block_size is not None and not 1 <= args.block_size <= MAX_BLOCK_SIZE:
+        return _usage(f"--block-size must be in [1, {MAX_BLOCK_SIZE}]")
+    if args.limit is not None and args.limit < 1:
+        return _usage(f"--limit must be at least 1, got {args.limit}")
+    if (args.trace is None) == (not args.sample):
+        return _usage("give a TRACE file or --sample (one of them)")
+    if args.sample:
+        with sample_trace() as path:
+            return _model_trace(args, path, "mooncake", layouts, budgets, options)
+    path = Path(args.trace)
+    if not path.exists():
+        return _usage(f"no such trace: {path}")
+    return _model_trace(args, path, args.format, layouts, budgets, options)
+
+
+def _memory_of(layout: Any, budget: tuple[float, bool, bool], block_size: int) -> int:
+    """Bytes of one budget for ``layout``: ``--memory`` as given, ``--capacity`` as the memory a
+    full-attention pool of that many tokens (or trace blocks) takes; ``ValueError`` past
+    ``MAX_MEMORY``."""
+    from kvstate.commands.simulate import MAX_MEMORY
+
+    amount, in_pages, is_memory = budget
+    if is_memory:
+        return int(amount)
+    tokens = amount * block_size if in_pages else amount
+    if tokens * layout.fa_bytes_per_token > MAX_MEMORY:
+        raise ValueError(f"--capacity {amount:.6g} {'blocks' if in_pages else 'tokens'} of "
+                         f"{layout.name} KV is more than 1 EiB (2^60 bytes)")
+    return int(tokens) * layout.fa_bytes_per_token
+
+
+def _model_trace(args: argparse.Namespace, path: Path, trace_format: Any, layouts: list[Any],
+                 budgets: list[tuple[float, bool, bool]], options: Any) -> int:
+    from kvstate.simulate.hybrid_output import text_lines, to_json
+    from kvstate.simulate.hybrid_report import run_model, trace_shape
+
+    def stream() -> Any:
+        return read_trace(path, trace_format, limit=args.limit, block_size=args.block_size,
+                          with_tokens=False)
+
+    mode = progress_mode(args.progress)
+
+    def progress(label: str, total: int) -> Progress:
+        return Progress(label, total=total, unit="req", mode=mode)
+
+    try:
+        with Progress(f"reading {path.name}", total=None, unit="req", mode=mode) as bar:
+            shape = trace_shape(stream(), bar.update)
+        jobs = [(layout, _memory_of(layout, budget, shape.block_size))
+                for layout in layouts for budget in budgets]  # every budget checked before a run
+    except TraceFormatError as error:
+        return _malformed(error)
+    except (SimulationError, ValueError) as error:
+        return _usage(str(error))
+    try:
+        for layout, memory in jobs:
+            report = run_model(layout, memory, stream, shape, options, progress)
+            if args.json:
+                print(json.dumps(to_json(report)), flush=True)
+            else:
+                print("\n".join(text_lines(report)), flush=True)
+    except TraceFormatError as error:
+        return _malformed(error)
+    except SimulationError as error:
+        return _usage(str(error))
+    return 0
