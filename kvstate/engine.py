@@ -227,7 +227,9 @@ class Engine:
 
     def _open_batch(self) -> tuple[State, int, int | None]:
         self._batch = []
-        return (self._current, self.seq, None if self._journal is None else len(self._journal))
+        live, journal = self._live, self._journal
+        return (self._current, live.seq if live is not None else self._current.seq,
+                None if journal is None else len(journal))
 
     def _close_batch(self, start: tuple[State, int, int | None], failed: BaseException | None
                      ) -> None:
@@ -247,24 +249,28 @@ class Engine:
 
     def emit(self, event: Event) -> None:
         """Apply a well-typed event inside the open batch (planners)."""
-        if self._batch is None:
+        batch = self._batch
+        if batch is None:
             raise RuntimeError("emit needs an open batch (engine.batch())")
-        view = self.view
+        live = self._live
         befores = self._befores
-        for listener in befores:
-            listener.before(event, view)
+        if befores:
+            view = live if live is not None else self._current
+            for listener in befores:
+                listener.before(event, view)
         try:
-            if self._live is not None:
-                self._live.apply(event)
+            if live is not None:
+                live.apply(event)
             else:
                 self._current = apply_valid(self._current, event)
         except InvalidEvent:
             for listener in befores:  # the event did not happen: forget what was prepared
                 listener.discard(event)
             raise
-        if self._journal is not None:
-            self._journal.append(event)
-        self._batch.append(event)
+        journal = self._journal
+        if journal is not None:
+            journal.append(event)
+        batch.append(event)
 
     def commit(self, plan: Any) -> Any:
         """Apply a ``Plan`` computed elsewhere (its events, in one batch); its result."""
@@ -276,20 +282,22 @@ class Engine:
     def _commit(self, events: list[Event]) -> None:
         if self._keep_events:
             self._events.extend(events)
-        if self._journal is not None and len(self._journal) > _JOURNAL_LIMIT:
+        journal = self._journal
+        if journal is not None and len(journal) > _JOURNAL_LIMIT:
             self._journal = None  # too long to replay: the next freeze copies instead
             self._frozen = None
         if self.verify_every:
             self._unverified.extend(events)
             if len(self._unverified) >= self.verify_every:
                 self._verify()
-        failures = []
-        view = self.view
-        for listener in list(self._listeners):
+        failures: list[ListenerError] | None = None
+        view = self._live if self._live is not None else self._current
+        for listener in tuple(self._listeners):
             try:
                 listener.after(events, view)
             except Exception as exc:  # a failing listener is detached, the others still run
                 self.unsubscribe(listener)
+                failures = failures or []
                 failures.append(ListenerError(listener, exc))
         if failures:
             raise failures[0]

@@ -71,7 +71,7 @@ def plan_get_new_blocks(b: Builder, holder: RequestId, count: int) -> list[int]:
 
 def plan_touch(b: Builder, pages: Sequence[int]) -> None:
     """One more anonymous (pool-level) reference on each page; the null block is skipped."""
-    real = tuple(page for page in pages if page != NULL)
+    real = tuple([page for page in pages if page != NULL]) if NULL in pages else tuple(pages)
     if real:
         b.emit(BlockHold(DETACHED, real))
 
@@ -118,6 +118,9 @@ def plan_cache_chain(b: Builder, chain: BlockChain, pages: Sequence[int], num_ca
     walking = True  # still on existing nodes; once one is missing, every later one is new
     extras = chain.block_extra_keys
     size = state.geometry.page_size
+    # A chain may keep each block's tokens as a tuple (``Request.block_token_keys``): the event
+    # and the tree node then share it instead of slicing the child key again.
+    tokens = getattr(chain, "block_token_keys", None)
     for position in range(first, num_full):
         key = keys[position]
         child = nodes[current].children.get(key) if walking else None
@@ -125,7 +128,8 @@ def plan_cache_chain(b: Builder, chain: BlockChain, pages: Sequence[int], num_ca
             walking = False
             child, next_id = next_id, next_id + 1
         page = pages[position - num_cached] if position >= num_cached else NULL
-        entries.append((child, key[:size], extras[position], page))
+        entries.append((child, key[:size] if tokens is None else tokens[position],
+                        extras[position], page))
         current = child
     b.emit(BlockCache(parent, tuple(entries), num_cached - first))
     return current

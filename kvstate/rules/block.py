@@ -26,6 +26,21 @@ from kvstate.rules.common import check_distinct, check_page_id, check_request
 from kvstate.rules.registry import Reject, rule
 from kvstate.state import DETACHED, ROOT, block_child_key
 
+_SUFFIX_BY_ID: dict[int, tuple[Any, str]] = {}  # id(extra) -> (extra, repr): kept alive
+
+
+def _child_key(key: tuple[int, ...], extra: Any) -> tuple[Any, ...]:
+    """``block_child_key``, reusing the ``repr`` of an extra-keys object seen before (a front
+    end passes one tuple for every block of a chain; a tuple of str / int never changes)."""
+    if extra is None:
+        return key if type(key) is tuple else tuple(key)
+    found = _SUFFIX_BY_ID.get(id(extra))
+    if found is None or found[0] is not extra:
+        if len(_SUFFIX_BY_ID) >= 64:
+            _SUFFIX_BY_ID.clear()
+        found = _SUFFIX_BY_ID[id(extra)] = (extra, repr(extra))
+    return (*key, found[1])
+
 
 def _check_holder(s: Any, holder: RequestId) -> bool:
     """True for a request holder (which must be open), False for DETACHED."""
@@ -88,30 +103,35 @@ def block_alloc(s: Any, event: BlockAlloc) -> None:
 def block_hold(s: Any, event: BlockHold) -> None:
     holder, pages = event.holder, event.pages
     is_request = _check_holder(s, holder)
-    real = [page for page in pages if page != 0]
+    real = [page for page in pages if page != 0] if 0 in pages else list(pages)
     if not is_request and len(real) != len(pages):
         raise Reject("the null page 0 can only pad a request table")
     holders = s.holders
+    num_pages = s.geometry.num_pages
     if is_request:
         check_distinct(real, "page")
         table = set(s.requests[holder].pages)
-    num_pages = s.geometry.num_pages
-    revived: list[int] = []
-    reviving: set[int] = set()
-    for page in real:
-        if not 0 < page <= num_pages:
-            check_page_id(s, page)
-        held = holders.get(page, ())
-        if is_request and (holder in held or page in table):
-            raise Reject(f"request {holder!r} already holds page {page}")
-        if not held and page not in reviving:  # a pool-level holder may name a page twice
-            revived.append(page)
-            reviving.add(page)
-    if is_request:
+        for page in real:
+            if not 0 < page <= num_pages:
+                check_page_id(s, page)
+            if page in table or holder in holders.get(page, ()):
+                raise Reject(f"request {holder!r} already holds page {page}")
         _check_width(s, holder, len(pages))
-    # A pool-level holder (DETACHED) may repeat, so holders are extended one by one.
+    elif real and (min(real) < 1 or max(real) > num_pages):
+        for page in real:
+            check_page_id(s, page)
+    # Pages nobody held leave the free queue, once each (a pool-level holder may repeat one,
+    # so holders are extended one by one).
+    revived = []
+    single = (holder,)
+    held_by = holders.get
     for page in real:
-        holders[page] = (*holders.get(page, ()), holder)
+        held = held_by(page)
+        if held is None:
+            revived.append(page)
+            holders[page] = single
+        else:
+            holders[page] = (*held, holder)
     if revived:
         s.free_pages = s.free_pages.take(revived)
     if is_request:
@@ -124,7 +144,7 @@ def block_hold(s: Any, event: BlockHold) -> None:
 def block_release(s: Any, event: BlockRelease) -> None:
     holder = event.holder
     is_request = _check_holder(s, holder)
-    real = [page for page in event.pages if page != 0]
+    real = [page for page in event.pages if page != 0] if 0 in event.pages else list(event.pages)
     check_distinct(real, "page")  # a duplicate inside one release is a double free
     holders, page_node = s.holders, s.page_node
     for page in real:
@@ -137,7 +157,7 @@ def block_release(s: Any, event: BlockRelease) -> None:
         table = s.requests[holder].pages
         if event.close:
             mapped = [page for page in table if page != 0]
-            if len(mapped) != len(real) or set(mapped) != set(real):
+            if len(mapped) != len(real) or (mapped != real[::-1] and set(mapped) != set(real)):
                 raise Reject(f"closing request {holder!r} must release all its pages {mapped}")
     elif event.close:
         raise Reject("close needs a request holder")
@@ -145,10 +165,9 @@ def block_release(s: Any, event: BlockRelease) -> None:
     to_tail: list[int] = []
     for page in real:
         held = holders[page]
-        index = held.index(holder)
-        rest = held[:index] + held[index + 1:]
-        if rest:
-            holders[page] = rest
+        if len(held) > 1:
+            index = held.index(holder)
+            holders[page] = held[:index] + held[index + 1:]
             continue
         del holders[page]
         if event.cached_to_tail and page in page_node:
@@ -189,7 +208,7 @@ def _resolve_path(s: Any, event: BlockCache) -> tuple[list[tuple[Any, ...]], int
     for index, (node_id, key, extra, page) in enumerate(entries):
         if len(key) != size:
             raise Reject(f"entry {index}: key of {len(key)} tokens, block size is {size}")
-        child_key = block_child_key(key, extra)
+        child_key = _child_key(key, extra)
         keys.append(child_key)
         if index < first_new:
             child = nodes[current].children.get(child_key)
@@ -232,21 +251,26 @@ def block_cache(s: Any, event: BlockCache) -> None:
             node = s.node_w(node_id)
             node.pages = (*node.pages, page)
             page_node[page] = node_id
-    if first_new < len(entries):  # new nodes are created whole: their page and one child
+    pruned = 0
+    if first_new < len(entries):
         attach = entries[first_new - 1][0] if first_new else event.parent
-        s.node_w(attach).children[keys[first_new]] = entries[first_new][0]
-        last = len(entries) - 1
-        for index in range(first_new, len(entries)):
-            node_id, key, extra, page = entries[index]
-            children = s.new_children()
-            if index < last:
-                children[keys[index + 1]] = entries[index + 1][0]
-            s.add_node(node_id, MNode(attach, tuple(key), (page,) if page else (), children, 0, 0,
-                                      extra))
-            if page:
-                page_node[page] = node_id
-            attach = node_id
-    pruned = _prune(s, current)  # trailing positions that got no copy (null blocks)
+        if not any(entry[3] for entry in entries[first_new:]):
+            # new positions that all get no copy would be created and pruned at once
+            pruned, current = len(entries) - first_new, attach
+        else:  # new nodes are created whole: their page and one child
+            s.node_w(attach).children[keys[first_new]] = entries[first_new][0]
+            last = len(entries) - 1
+            for index in range(first_new, len(entries)):
+                node_id, key, extra, page = entries[index]
+                children = s.new_children()
+                if index < last:
+                    children[keys[index + 1]] = entries[index + 1][0]
+                s.add_node(node_id, MNode(attach, tuple(key), (page,) if page else (), children,
+                                          0, 0, extra))
+                if page:
+                    page_node[page] = node_id
+                attach = node_id
+    pruned += _prune(s, current)  # trailing positions that got no copy (null blocks)
     created = next_id - s.next_node_id - pruned
     s.next_node_id = next_id
     s.evictable_size += created * s.geometry.page_size

@@ -22,6 +22,7 @@ hash carries its group and lookups name the groups, as in vLLM.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import is_
 from typing import Any
 
 from kvstate.engine import Engine
@@ -253,6 +254,14 @@ class BlockPool:
 
         Commits nothing.
         """
+        if not isinstance(blocks, list | tuple):
+            blocks = list(blocks)
+        try:  # the usual case: every view is the pool's own (``self.blocks[id] is view``)
+            ids = [block.block_id for block in blocks]
+            if all(map(is_, map(self.blocks.__getitem__, ids), blocks)):
+                return ids if keep_null or 0 not in ids else [i for i in ids if i != 0]
+        except (AttributeError, TypeError, IndexError):
+            pass
         out = []
         for block in blocks:
             if not isinstance(block, KVCacheBlock) or block._pool is not self:

@@ -41,6 +41,7 @@ from kvstate.vllm.hashing import (
     none_hash,
 )
 from kvstate.vllm.hashing import to_event_extra_keys as _untag
+from kvstate.vllm.kv_event_types import stored_event
 from kvstate.vllm.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 GROUP_TAG = "group"  # the extra key that names a block's KV-cache group: ("group", g)
@@ -58,7 +59,7 @@ def split_group(extra: Any, default: int) -> tuple[int, Any]:
 # A ``BlockStored`` waiting to be taken, as a plain tuple (hashes, parent hash, token ids, block
 # size, lora_id, lora_name, extra keys, group): built once, when taken, with the group's spec
 # kind and window if the taker names them (the manager does, the pool does not).
-_Stored = tuple[list[int], int | None, list[int], int, int | None, str | None, list[Any] | None,
+_Stored = tuple[tuple[int, ...], int | None, tuple[int, ...], int, int | None, str | None, Any,
                 int]
 
 
@@ -157,13 +158,18 @@ class NodeHashes:
         group in range carries that group's spec kind and window."""
         events, self.events = self.events, []
         out: list[KVCacheEvent] = []
+        count = 0 if specs is None else len(specs)
         for event in events:
             if type(event) is tuple:
                 hashes, parent, tokens, size, lora_id, lora_name, extras, group = event
-                kind, window = specs[group] if specs is not None and 0 <= group < len(specs) \
+                kind, window = specs[group] if specs is not None and 0 <= group < count \
                     else (None, None)
-                out.append(BlockStored(hashes, parent, tokens, size, lora_id, MEDIUM_GPU,
-                                       lora_name, extras, group, kind, window))
+                if type(extras) is tuple or extras is None:  # already in stored form
+                    out.append(stored_event(hashes, parent, tokens, size, lora_id, lora_name,
+                                            extras, group, kind, window))
+                else:
+                    out.append(BlockStored(hashes, parent, tokens, size, lora_id, MEDIUM_GPU,
+                                           lora_name, extras, group, kind, window))
             else:
                 out.append(event)  # type: ignore[arg-type]
         return out
@@ -254,15 +260,15 @@ class NodeHashes:
         hashes = [int.from_bytes(digests[index], "big") & _LOW_64
                   for index, entry in enumerate(entries, start) if entry[3]]
         if plain_only:
-            extras: list[Any] | None = [None] * len(hashes) or None
+            extras: Any = (None,) * len(hashes) or None  # the stored form (see stored_event)
             lora_name = None
         else:
             extras = _untag([split_group(entry[2], group)[1] for entry in entries if entry[3]])
             lora_name = _lora_name(split_group(entries[0][2], group)[1]) if entries else None
-        tokens = list(entries[0][1]) if len(entries) == 1 else \
-            [token for entry in entries for token in entry[1]]
-        return (hashes, parent, tokens, len(entries[0][1]) if entries else 0, self.lora_id,
-                lora_name, extras, group)
+        tokens = tuple(entries[0][1]) if len(entries) == 1 else \
+            tuple([token for entry in entries for token in entry[1]])
+        return (tuple(hashes), parent, tokens, len(entries[0][1]) if entries else 0,
+                self.lora_id, lora_name, extras, group)
 
     def _on_uncache(self, event: BlockUncache) -> None:
         if self.emit_events:

@@ -131,6 +131,17 @@ def _encode_tokens(token_ids: Sequence[int]) -> bytes:
     return head + b"".join([encode_canonical(token_id) for token_id in token_ids])
 
 
+def hash_int_block(parent: bytes, token_ids: Sequence[int],
+                   extra_keys: tuple[Any, ...] | None, hash_algo: HashAlgo) -> bytes:
+    """``hash_block_tokens`` for a caller whose tokens are already checked ints and whose
+    parent is a real digest (a request hashing its own blocks): the same digest."""
+    if hash_algo != "sha256_cbor" or len(parent) != 32:
+        return hash_block_tokens(parent, token_ids, extra_keys, hash_algo=hash_algo)
+    extra_cbor = b"\xf6" if extra_keys is None else encode_canonical(extra_keys)
+    return hashlib.sha256(b"\x83\x58\x20" + parent + _encode_tokens(token_ids)
+                          + extra_cbor).digest()
+
+
 def hash_block_tokens(
     parent_hash: bytes | None,
     token_ids: Sequence[int],

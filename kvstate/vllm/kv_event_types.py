@@ -98,6 +98,37 @@ def with_spec(event: BlockStored, kind: str | None, window: int | None) -> Block
                        event.ownership, event.session_id, event.lookahead_token_ids)
 
 
+_new_object = object.__new__
+_set_field = object.__setattr__
+
+
+def stored_event(hashes: tuple[ExternalBlockHash, ...], parent: ExternalBlockHash | None,
+                 tokens: tuple[int, ...], block_size: int, lora_id: int | None,
+                 lora_name: str | None, extra_keys: tuple[tuple[Any, ...] | None, ...] | None,
+                 group_idx: int | None, kind: str | None, window: int | None) -> BlockStored:
+    """A GPU ``BlockStored`` from fields already in their stored form (tuples; each extra
+    key entry None or a nested tuple), set without the converters: what the pool's event
+    queue builds once per cached chain.  Equal to ``BlockStored(...)`` of the same values."""
+    event = _new_object(BlockStored)
+    put = _set_field
+    put(event, "block_hashes", hashes)
+    put(event, "parent_block_hash", parent)
+    put(event, "token_ids", tokens)
+    put(event, "block_size", block_size)
+    put(event, "lora_id", lora_id)
+    put(event, "medium", MEDIUM_GPU)
+    put(event, "lora_name", lora_name)
+    put(event, "extra_keys", extra_keys)
+    put(event, "group_idx", group_idx)
+    put(event, "kv_cache_spec_kind", kind)
+    put(event, "kv_cache_spec_sliding_window", window)
+    put(event, "locality", None)
+    put(event, "ownership", None)
+    put(event, "session_id", None)
+    put(event, "lookahead_token_ids", None)
+    return event
+
+
 @attrs.frozen
 class BlockRemoved:
     """Cached blocks were evicted; vLLM emits one per evicted physical block."""

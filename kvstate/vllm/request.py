@@ -32,7 +32,7 @@ from kvstate.vllm.hashing import (
     HashAlgo,
     MultiModalSpan,
     block_extra_keys,
-    hash_block_tokens,
+    hash_int_block,
     none_hash,
 )
 
@@ -91,6 +91,7 @@ class Request:
         self.block_hashes: list[bytes] = []
         self.block_extra_keys: list[tuple[Any, ...] | None] = []
         self.block_keys: list[tuple[Any, ...]] = []  # prefix-tree child keys of full blocks
+        self.block_token_keys: list[tuple[int, ...]] = []  # each full block's tokens, as a tuple
         self._none_hash = none_hash(hash_seed, hash_algo)
         self._chains: dict[int, GroupChain] = {}
         self._update_block_hashes()
@@ -127,7 +128,10 @@ class Request:
         tokens = self.all_token_ids
         start = len(self.block_hashes) * size
         parent = self.block_hashes[-1] if self.block_hashes else self._none_hash
+        if start + size > len(tokens):
+            return  # no block completed (most decode steps)
         has_extras = bool(self.lora_name or self.mm_spans or self.cache_salt)
+        algo = self.hash_algo
         while start + size <= len(tokens):
             end = start + size
             key = tuple(tokens[start:end])
@@ -135,11 +139,11 @@ class Request:
                                       lora_path=self.lora_path, mm_spans=self.mm_spans,
                                       cache_salt=self.cache_salt)
                      if has_extras else None)
-            parent = hash_block_tokens(parent, key, extra, hash_seed=self.hash_seed,
-                                       hash_algo=self.hash_algo)
+            parent = hash_int_block(parent, key, extra, algo)  # tokens checked on entry
             self.block_hashes.append(parent)
             self.block_extra_keys.append(extra)
-            self.block_keys.append(block_child_key(key, extra))
+            self.block_keys.append(key if extra is None else block_child_key(key, extra))
+            self.block_token_keys.append(key)
             start = end
 
     def __repr__(self) -> str:
@@ -153,12 +157,16 @@ class GroupChain:
     group while the vLLM hash does not).  Reads the request; extends its own key lists lazily
     as the request grows."""
 
-    __slots__ = ("_extras", "_keys", "_request", "_tag", "group")
+    __slots__ = ("_extras", "_keys", "_plain", "_plain_suffix", "_request", "_tag", "group")
 
     def __init__(self, request: Request, group: int) -> None:
         self._request = request
         self.group = group
         self._tag = ("group", group)
+        # One extra-keys tuple per group for every block without keys of its own, shared by
+        # all requests (the rules reuse the child-key suffix of a repeated object), and that
+        # suffix (block_child_key's).
+        self._plain, self._plain_suffix = _plain_extra(group)
         self._keys: list[tuple[Any, ...]] = []
         self._extras: list[tuple[Any, ...]] = []
 
@@ -176,25 +184,39 @@ class GroupChain:
     def block_hashes(self) -> Sequence[bytes]:
         return self._request.block_hashes
 
+    @property
+    def block_token_keys(self) -> Sequence[tuple[int, ...]]:
+        """Each full block's tokens as a tuple (the request's own objects, shared)."""
+        return self._request.block_token_keys
+
     def block_tokens(self, index: int) -> tuple[int, ...]:
         return self._request.block_tokens(index)
 
     def _extend(self) -> None:
         request = self._request
-        size = request.block_size
-        tokens = request.all_token_ids
-        plain = (self._tag,)
-        plain_suffix = repr(plain)  # block_child_key of a block without extra keys of its own
-        for index in range(len(self._keys), len(request.block_keys)):
+        blocks = request.block_token_keys
+        plain = self._plain
+        plain_suffix = self._plain_suffix
+        for index in range(len(self._keys), len(blocks)):
             own = request.block_extra_keys[index]
-            block = tokens[index * size:(index + 1) * size]
             if own is None:
                 self._extras.append(plain)
-                self._keys.append((*block, plain_suffix))
+                self._keys.append((*blocks[index], plain_suffix))
             else:
                 extra = (self._tag, *own)
                 self._extras.append(extra)
-                self._keys.append(block_child_key(tuple(block), extra))
+                self._keys.append(block_child_key(blocks[index], extra))
+
+
+_PLAIN_EXTRAS: dict[int, tuple[tuple[tuple[str, int]], str]] = {}
+
+
+def _plain_extra(group: int) -> tuple[tuple[tuple[str, int]], str]:
+    found = _PLAIN_EXTRAS.get(group)
+    if found is None:
+        plain = (("group", group),)
+        found = _PLAIN_EXTRAS[group] = (plain, repr(plain))
+    return found
 
 
 def _tokens(values: Iterable[Any]) -> list[int]:
