@@ -96,6 +96,15 @@ def _select_finished(cursor: MambaCursor, length: int, track_slots: int) -> tupl
     return previous, 1 - cursor.keep
 
 
+def caches_nothing(*, finished: bool, config: MambaConfig,
+                   last_track_seqlen: int | None) -> bool:
+    """Whether an unfinished checkpoint has nothing to do: with the extra buffer and no
+    tracked checkpoint it caches nothing, frees no SWA (its floor is at 0) and takes no
+    slot, so ``plan_mamba_checkpoint`` would emit nothing and only forget the tracked
+    seqlens."""
+    return not finished and config.extra_buffer and last_track_seqlen is None
+
+
 def plan_mamba_checkpoint(b: Builder, cursor: MambaCursor, token_ids: Sequence[int], *,
                           up_to: int, finished: bool, config: MambaConfig) -> Checkpointed:
     """Insert what the request can key up to ``up_to``, rewrite its row onto the tree's

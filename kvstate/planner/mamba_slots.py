@@ -72,10 +72,8 @@ def plan_row_slots(b: Builder, row: RequestId, running: int, tracking: int) -> t
     enough slots are free."""
     if len(b.state.mamba.free_slots) < (0 if running else 1) + tracking:
         raise ValueError(f"row {row!r} needs more Mamba slots than are free")
-    if not running:
-        running = _take(b, 1)[0]
-    track = _take(b, tracking) if tracking else []
-    slots = (running, *track)
+    taken = _take(b, (0 if running else 1) + tracking)  # one MambaAlloc, in head order
+    slots = (running, *taken) if running else tuple(taken)
     b.emit(MambaBind(row, slots))
     return slots
 
@@ -89,10 +87,13 @@ def _take(b: Builder, count: int) -> list[int]:
 
 def plan_free_row_slots(b: Builder, row: RequestId, keep: int | None = None) -> None:
     """Free the row's running slot, then its track slots but entry ``keep`` (0-based among
-    the track slots; that one went to the tree): all of them in one free when none is
-    kept, one by one otherwise (SGLang's call shapes)."""
+    the track slots; that one went to the tree).  The free list gets them in that order:
+    one ``MambaFree`` when the row gives back every slot, one per slot otherwise."""
     entries = b.state.mamba.rows.get(row)
     if entries is None:
+        return
+    if keep is None and all(entries):  # every slot, running first: one free, same order
+        b.emit(MambaFree(tuple(int(slot) for slot in entries)))
         return
     if entries[0]:
         b.emit(MambaFree((int(entries[0]),)))

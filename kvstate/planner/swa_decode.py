@@ -17,6 +17,14 @@ where a front end calling ``alloc`` then ``write`` commits ``Allocate``,
 request that finds no room (or, with SWA, continues a page without an SWA
 page) stops the step there: what came before it stays planned, as in
 0.5.23, and the result says why the step stopped.
+
+A prefill chunk (``plan_extend_step``) is one decision the same way: each
+pool's shortfall evicted (``extend + headroom`` tokens: a page more with
+pages, as 0.5.23's scheduler asks), then, when every pool has the chunk's
+new pages, the hit's slots written at admission (``Assign``) and one
+``Allocate(pages, ((row, slots),))`` appending the chunk to the row (then
+``SwaAlloc``), where the separate calls commit the eviction, ``Allocate``
+(``SwaAlloc``) and the row writes as three or four batches.
 """
 
 from __future__ import annotations
@@ -26,9 +34,9 @@ from typing import Any
 
 import attrs
 
-from kvstate.events import Allocate, SwaAlloc, SwaFree
+from kvstate.events import Allocate, Assign, SwaAlloc, SwaFree
 from kvstate.planner.builder import Builder
-from kvstate.state import RequestId
+from kvstate.state import RequestId, expand_pages
 
 # evict(b, FULL shortfall in tokens, SWA shortfall in tokens): the tree's evict_for_alloc
 Evictor = Callable[[Builder, int, int], Any]
@@ -123,4 +131,75 @@ def _whole_step(b: Builder, rows: Sequence[tuple[RequestId, int]]) -> DecodeStep
     return DecodeStep(tuple(slots))
 
 
-__all__ = ["NO_SWA_PAGE", "OUT_OF_MEMORY", "DecodeStep", "Evictor", "plan_decode_step"]
+def plan_extend_step(b: Builder, row: RequestId, end: int, *, prefix: Sequence[int] = (),
+                     evict: Evictor | None, headroom: int) -> DecodeStep:
+    """Map the row's positions ``[start, end)`` to fresh slots, ``start`` being its length
+    (at admission ``len(prefix)``: ``prefix``, the hit's slots, is written first).  Evicts
+    each pool's shortfall for ``end - start + headroom`` tokens first (``evict``; ``None``:
+    the tree does not evict); stops with nothing allocated when a pool still lacks the new
+    pages, or, with SWA, when the chunk continues a page that has no SWA page."""
+    state = b.state
+    size = state.geometry.page_size
+    swa = state.swa
+    start = len(prefix) if prefix else state.requests[row].allocated
+    extend = end - start
+    if evict is not None:
+        need = extend + headroom
+        full = need - len(state.free_pages) * size
+        short = need - len(swa.free_pages) * size if swa is not None else 0
+        if full > 0 or short > 0:
+            evict(b, max(full, 0), max(short, 0))
+            state, swa = b.state, b.state.swa
+    count = -(-end // size) - -(-start // size)
+    if count > len(state.free_pages) or (swa is not None and count > len(swa.free_pages)):
+        return DecodeStep((), OUT_OF_MEMORY)
+    offset = start % size
+    if offset and extend and swa is not None and \
+            state.requests[row].pages[start // size] not in swa.peer:
+        return DecodeStep((), NO_SWA_PAGE)
+    if prefix:
+        b.emit(Assign(row, 0, tuple(prefix)))
+    if not extend:
+        return DecodeStep(())
+    state = b.state
+    pages = state.free_pages.head(count)
+    slots = tuple(pages) if size == 1 else _chunk_slots(state, row, start, end, pages)
+    appends = not offset or _owns_partial_page(state, row, start)
+    # a partial page the row does not hold alone: the separate calls' Allocate and Assign
+    if appends:
+        b.emit(Allocate(tuple(pages), ((row, slots),)))
+    elif pages:
+        b.emit(Allocate(tuple(pages)))
+    if swa is not None and pages:
+        b.emit(SwaAlloc(tuple(zip(pages, swa.free_pages.head(len(pages)), strict=True))))
+    if not appends:
+        b.emit(Assign(row, start, slots))
+    return DecodeStep(slots)
+
+
+def _chunk_slots(state: Any, row: RequestId, start: int, end: int,
+                 pages: Sequence[int]) -> tuple[int, ...]:
+    """The slots of positions ``[start, end)``: the rest of the row's partial page, then
+    the fresh ``pages``."""
+    size = state.geometry.page_size
+    offset = start % size
+    slots: list[int] = []
+    if offset:
+        first = state.requests[row].pages[start // size] * size + offset
+        slots.extend(range(first, first + min(end - start, size - offset)))
+    slots.extend(expand_pages(pages, size)[: end - start - len(slots)])
+    return tuple(slots)
+
+
+def _owns_partial_page(state: Any, row: RequestId, start: int) -> bool:
+    """Whether the row holds its page at ``start`` alone, outside the tree (``Allocate`` may
+    append into it)."""
+    index = start // state.geometry.page_size
+    record = state.requests[row]
+    page = record.pages[index] if index < len(record.pages) else 0
+    return bool(state.holders.get(page) == (row,) and page not in state.page_node
+                and index not in record.dangling)
+
+
+__all__ = ["NO_SWA_PAGE", "OUT_OF_MEMORY", "DecodeStep", "Evictor", "plan_decode_step",
+           "plan_extend_step"]

@@ -6,9 +6,10 @@ kvstate front end (``ReqToTokenPool``, ``SWATokenToKVPoolAllocator``,
 call with SGLang's (``tools/diff_sglang_hybrid.py``):
 
 * ``admit``: match the fill ids up to ``input_len - 1`` (the last token is
-  always computed), lock the hit, take a row, evict each pool's shortfall,
-  allocate the extend (``alloc`` with page size 1; ``alloc_extend`` with
-  pages, evicting ``extend + page``), write the row;
+  always computed), lock the hit, take a row, then as one decision
+  (``UnifiedRadixCache.alloc_for_extend``) evict each pool's shortfall (a
+  page more with pages, as ``alloc_extend`` is asked), allocate the extend
+  and write it into the row after the hit's slots;
 * ``prefill_done``: the first output token, then the unfinished checkpoint;
 * ``decode_step``: the out-of-window SWA frees of ``maybe_evict_swa``, then one
   token per request (evicting one page's worth first), as one decision;
@@ -24,13 +25,14 @@ import torch
 
 from kvstate.planner.swa_decode import NO_SWA_PAGE
 from kvstate.sglang.hybrid_req import HybridReq
+from kvstate.sglang.inputs import int64_tensor
 from kvstate.sglang.params import MatchPrefixParams, RadixKey
 from kvstate.sglang.unified_flows import SWA_EVICTION_INTERVAL, checkpoint_kv_cache, release_kv_cache
 
 
 def admit(cache: Any, req: HybridReq) -> torch.Tensor:
     """Admission and the prefill allocation; the new FULL slots."""
-    allocator, pool = cache.token_to_kv_pool_allocator, cache.req_to_token_pool
+    pool = cache.req_to_token_pool
     fill = req.full_untruncated_fill_ids
     found = cache.match_prefix(MatchPrefixParams(key=RadixKey(fill, limit=len(fill) - 1)))
     req.prefix_len = found.device_prefix_len
@@ -41,26 +43,16 @@ def admit(cache: Any, req: HybridReq) -> torch.Tensor:
     rows = pool.alloc(1)
     if not rows:
         raise RuntimeError("no free request row")
-    row = req.kv.req_pool_idx = rows[0]
-    prefix = cache.prefix_device_indices(req)
-    length, size = len(fill), allocator.page_size
-    extend = length - req.prefix_len
-    if size == 1:
-        allocator.evict_to_free_tokens(cache, extend)
-        out = allocator.alloc(extend)
-    else:
-        last = prefix[-1:] if req.prefix_len else torch.full((1,), -1, dtype=torch.int64)
-        allocator.evict_to_free_tokens(cache, extend + size)
-        lens = torch.tensor([req.prefix_len]), torch.tensor([length])
-        out = allocator.alloc_extend(lens[0], lens[0], lens[1], lens[1], last, extend)
-    if out is None:
+    req.kv.req_pool_idx = rows[0]
+    length = len(fill)
+    step = cache.alloc_for_extend(req, length, prefix_len=req.prefix_len)
+    if step.stopped == NO_SWA_PAGE:
+        raise ValueError("a prefill continues a page that has no SWA page")
+    if step.stopped is not None:
         raise MemoryError("prefill out of memory")
-    if req.prefix_len:
-        pool.write((row, slice(0, req.prefix_len)), prefix)
-    pool.write((row, slice(req.prefix_len, length)), out)
     req.kv.kv_allocated_len = req.kv.kv_committed_len = length
     req.extend_end = length
-    return out
+    return int64_tensor(step.slots)
 
 
 def prefill_done(cache: Any, req: HybridReq, token: int, *, finished: bool = False) -> None:

@@ -31,6 +31,7 @@ from kvstate.planner.mamba_match import MambaReceipt
 from kvstate.planner.mamba_requests import (
     MambaConfig,
     MambaCursor,
+    caches_nothing,
     plan_free_kv_row,
     plan_mamba_checkpoint,
     plan_mamba_release,
@@ -76,11 +77,18 @@ class MambaFlows:
             if finished:
                 self._free_slots(req, None)
             return
+        kv = req.kv
+        config = self._config()
+        if caches_nothing(finished=finished, config=config,
+                          last_track_seqlen=kv.mamba_last_track_seqlen):
+            if kv.req_pool_idx not in self.engine.view.mamba.rows:
+                raise ValueError(f"{req!r} holds no Mamba slots")
+            kv.mamba_prev_track_seqlen = None  # no batch: the plan would be empty
+            return
         with self.engine.batch() as batch:
             done = plan_mamba_checkpoint(batch, self._mamba_cursor(req), tokens, up_to=count,
-                                         finished=finished, config=self._config())
+                                         finished=finished, config=config)
         cursor = done.cursor
-        kv = req.kv
         if self.swa_window is not None:
             kv.set_evicted_seqlen(SWA, cursor.swa_evicted)
         kv.mamba_last_track_seqlen = cursor.last_track_seqlen

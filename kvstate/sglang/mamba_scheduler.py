@@ -9,12 +9,14 @@ for call with SGLang's (``tools/diff_sglang_mamba.py``):
 * ``admit``: match the fill ids up to ``input_len - 1`` with copy-on-match,
   lock the hit, make room for the request's Mamba slots
   (``ensure_mamba_capacity``) and take them with its row
-  (``HybridReqToTokenPool.alloc``), evict the KV shortfall, allocate the
-  extend (``alloc`` with page size 1, ``alloc_extend`` with pages), write
-  the row, and (extra buffer) track the extend's last grid boundary, or the
-  branch point when it falls inside the extend on the chunk grid;
+  (``HybridReqToTokenPool.alloc``), then as one decision
+  (``alloc_for_extend``) evict the KV shortfall, allocate the extend and
+  write it into the row after the hit's slots, and (extra buffer) track the
+  extend's last grid boundary, or the branch point when it falls inside the
+  extend on the chunk grid;
 * ``extend_chunk``: the next chunk of a chunked prefill (after the previous
-  chunk's checkpoint, ``checkpoint_kv_cache``), allocated, written, tracked;
+  chunk's checkpoint, ``checkpoint_kv_cache``), allocated into the row in
+  one decision, tracked;
 * ``prefill_done``: the first output token, then the unfinished checkpoint;
 * ``decode_step``: the out-of-window SWA frees (with an SWA pool), one token
   per request, and (extra buffer) a tracked checkpoint each time the length
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 
 from kvstate.planner.swa_decode import NO_SWA_PAGE
+from kvstate.sglang.inputs import int64_tensor
 from kvstate.sglang.mamba_req import MambaReq
 from kvstate.sglang.params import EvictParams, MatchPrefixParams, RadixKey
 from kvstate.sglang.unified_flows import SWA_EVICTION_INTERVAL, checkpoint_kv_cache
@@ -91,47 +94,32 @@ def admit(cache: Any, req: MambaReq, *, chunk: int | None = None) -> torch.Tenso
         raise MemoryError("no room for the request's Mamba slots")
     if not pool.alloc([req]):
         raise MemoryError("no free request row")
-    prefix = cache.prefix_device_indices(req)
     req.kv.kv_allocated_len = req.prefix_len
     end = len(fill) if chunk is None else min(len(fill), req.prefix_len + chunk)
-    return _extend(cache, req, end, prefix[-1:] if req.prefix_len else None, prefix)
+    return _extend(cache, req, end, req.prefix_len)
 
 
 def extend_chunk(cache: Any, req: MambaReq, chunk: int) -> torch.Tensor:
     """The next chunk of a chunked prefill (after its checkpoint): up to ``chunk`` more
     tokens; the new FULL slots.  ``MemoryError`` when the pool is short."""
-    start = req.kv.kv_allocated_len
-    last = cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start - 1:start]
-    end = min(len(req.full_untruncated_fill_ids), start + chunk)
-    return _extend(cache, req, end, last)
+    end = min(len(req.full_untruncated_fill_ids), req.kv.kv_allocated_len + chunk)
+    return _extend(cache, req, end)
 
 
-def _extend(cache: Any, req: MambaReq, end: int, last: torch.Tensor | None,
-            prefix: torch.Tensor | None = None) -> torch.Tensor:
-    """Allocate row positions ``[kv_allocated_len, end)``, write the hit's ``prefix`` (at
-    admission) and them (0.5.23's ``alloc_for_extend`` after the row), track the extend."""
-    allocator, pool = cache.token_to_kv_pool_allocator, cache.req_to_token_pool
-    start, size = req.kv.kv_allocated_len, allocator.page_size
-    extend = end - start
-    if size == 1:
-        evict_to_free_tokens(cache, extend)
-        out = allocator.alloc(extend)
-    else:
-        last_loc = last if last is not None else torch.full((1,), -1, dtype=torch.int64)
-        evict_to_free_tokens(cache, extend + size)
-        if not pools_fit(allocator, -(-end // size) - -(-start // size)):
-            raise MemoryError("prefill out of memory")
-        lens = torch.tensor([start]), torch.tensor([end])
-        out = allocator.alloc_extend(lens[0], lens[0], lens[1], lens[1], last_loc, extend)
-    if out is None:
+def _extend(cache: Any, req: MambaReq, end: int, prefix_len: int | None = None) -> torch.Tensor:
+    """0.5.23's ``alloc_for_extend`` after the row, as one decision
+    (``UnifiedRadixCache.alloc_for_extend``): the shortfall evicted, row positions up to
+    ``end`` allocated and written (at admission after the hit's ``prefix_len`` slots);
+    then the extend tracked."""
+    step = cache.alloc_for_extend(req, end, prefix_len=prefix_len)
+    if step.stopped == NO_SWA_PAGE:
+        raise ValueError("a prefill continues a page that has no SWA page")
+    if step.stopped is not None:
         raise MemoryError("prefill out of memory")
-    if prefix is not None and len(prefix):
-        pool.write((req.kv.req_pool_idx, slice(0, start)), prefix)
-    pool.write((req.kv.req_pool_idx, slice(start, end)), out)
     req.kv.kv_allocated_len = req.kv.kv_committed_len = end
     req.extend_end = end
     track_extend(cache, req)
-    return out
+    return int64_tensor(step.slots)
 
 
 def undo_admit(cache: Any, req: MambaReq) -> None:

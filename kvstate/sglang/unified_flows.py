@@ -16,6 +16,10 @@
   each pool's shortfall evicted, ``Allocate(pages, items)`` writing each
   request's slot into its row and ``SwaAlloc`` pairing the fresh pages.  The
   requests' lengths stay the scheduler's to move.
+* ``alloc_for_extend(req, end, prefix_len=)``: a prefill chunk's KV as one
+  decision (``plan_extend_step``): each pool's shortfall evicted, the hit's
+  slots written at admission, and ``Allocate(pages, ((row, slots),))``
+  appending the chunk to the row (``SwaAlloc`` pairing the fresh pages).
 
 Each flow reads the request (``kvstate.sglang.hybrid_req.HybridReq``) into a
 ``HybridCursor``, plans, and writes the new cursor back.
@@ -27,8 +31,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvstate.engine import Engine
-from kvstate.planner.swa_decode import DecodeStep, Evictor, plan_decode_step
+from kvstate.planner.swa_decode import DecodeStep, Evictor, plan_decode_step, plan_extend_step
 from kvstate.planner.swa_evict import plan_evict_for_alloc
+from kvstate.planner.swa_match import path_slots
 from kvstate.planner.swa_requests import (
     HybridCursor,
     out_of_window,
@@ -55,6 +60,7 @@ class UnifiedFlows:
     _at_head: bool
     supports_swa: Callable[[], bool]
     supports_prefix_sharing: Callable[[], bool]
+    _node_id: Callable[[Any], int]
 
     def checkpoint(self, req: Any, *, up_to: int) -> None:
         """Insert ``[cache_protected_len, up_to)`` of the request and move its lock there."""
@@ -159,6 +165,36 @@ class UnifiedFlows:
             req.kv.set_evicted_seqlen(SWA, evicted)
         if self.supports_swa():
             allocator.map_slots(step.slots)
+        return step
+
+    def alloc_for_extend(self, req: Any, end: int, *, prefix_len: int | None = None
+                         ) -> DecodeStep:
+        """A prefill chunk's KV as one decision (0.5.23's ``alloc_for_extend`` after the
+        row): each pool's shortfall evicted (a page more with pages), then row positions
+        ``[kv_allocated_len, end)`` allocated straight into the row, after (at admission,
+        ``prefix_len`` given) the hit's ``prefix_len`` slots.  A step that finds no room
+        (``DecodeStep.stopped``) keeps its eviction, as 0.5.23 does.  The request's lengths
+        stay the caller's to move."""
+        view = self.engine.view
+        record = self._record(req)
+        start = req.kv.kv_allocated_len if prefix_len is None else as_int(prefix_len,
+                                                                          "prefix_len")
+        stop = as_int(end, "end", low=start, high=view.geometry.row_width)
+        prefix: tuple[int, ...] = ()
+        if prefix_len is None:
+            if start != record.allocated:
+                raise ValueError(f"{req!r} cannot extend from position {start} of its row")
+        else:
+            prefix = path_slots(view, self._node_id(req.last_node))[:start] if start else ()
+            if record.allocated or len(prefix) != start:
+                raise ValueError(f"{req!r} cannot take a {start}-token hit into its row")
+        evict = self._decode_evictor() if self.supports_prefix_sharing() else None
+        size = self.page_size
+        with self.engine.batch() as batch:
+            step = plan_extend_step(batch, int(req.kv.req_pool_idx), stop, prefix=prefix,
+                                    evict=evict, headroom=0 if size == 1 else size)
+        if self.supports_swa() and step.slots:
+            self.token_to_kv_pool_allocator.map_slots(step.slots)
         return step
 
     def _window_slide(self, req: Any, pre_len: int, interval: int) -> tuple[int, list[int]]:
