@@ -65,6 +65,21 @@ def abstract(state: Any) -> ModelState:
     )
 
 
+def abstract_any(state: Any) -> Any:
+    """``abstract`` of any state: with a Mamba pool ``specs.model_mamba.abstract_mamba``
+    (a ``MambaModel``), with an SWA pool ``specs.model_swa.abstract_hybrid`` (a
+    ``HybridModel``), else the core ``ModelState``."""
+    if getattr(state, "mamba", None) is not None:
+        from specs.model_mamba import abstract_mamba
+
+        return abstract_mamba(state)
+    if getattr(state, "swa", None) is not None:
+        from specs.model_swa import abstract_hybrid
+
+        return abstract_hybrid(state)
+    return abstract(state)
+
+
 def model_of_geometry(state: Any) -> ModelState:
     """The model's initial state for ``state``'s geometry (and host tier size)."""
     g = state.geometry
@@ -72,9 +87,17 @@ def model_of_geometry(state: Any) -> ModelState:
     return initial_model(g.num_pages, g.page_size, g.num_rows, g.row_width, g.mode, host_pages)
 
 
-def diff(a: ModelState, b: ModelState) -> list[str]:
-    """Field names where two model states differ (for readable failures)."""
-    return [name for name in a.__dataclass_fields__ if getattr(a, name) != getattr(b, name)]
+def diff(a: Any, b: Any) -> list[str]:
+    """Field names where two model states differ (for readable failures); a hybrid's
+    parts are named ``part.field`` (``core.free``, ``swa.peer``, ``mamba.held``)."""
+    out = []
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if x != y:
+            inner = diff(x, y) if hasattr(x, "__dataclass_fields__") and type(x) is type(y) \
+                else []
+            out += [f"{name}.{n}" for n in inner] if inner else [name]
+    return out
 
 
 def agrees(state: Any, model: ModelState) -> bool:

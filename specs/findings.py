@@ -35,6 +35,16 @@ FINDINGS: dict[str, tuple[Geometry, list[ev.Event]]] = {
     "F9-radix-allocate-of-cached-block": (Geometry(3, 1, 0, 3, "block"), [
         ev.BlockAlloc(0, (1,)), ev.BlockCache(0, ((1, (1,), None, 1),), 0),
         ev.BlockRelease(0, (1,), True, False), ev.Allocate((1,))]),
+    # A node inserted without SWA pages is a tombstone; a window lock over it promised
+    # SWA KV that does not exist (found by the explorer's ``swa`` scope).
+    "F10-swa-lock-over-tombstone": (Geometry(3, 1, 1, 3), [
+        ev.Allocate((1,)), ev.Insert(0, (1,), (1,), 1, 1, 0), ev.Lock(1),
+        ev.SwaLock(1, 0, 0)]),
+}
+
+# The pools a finding's state starts with (``initial_state`` keywords), where it has any.
+POOLS: dict[str, dict[str, int]] = {
+    "F10-swa-lock-over-tombstone": {"swa_pages": 2},
 }
 
 # name -> (geometry, events; the last one is legal and must leave the spec's state)

@@ -62,6 +62,21 @@ def _table_injective(state: Any) -> list[str]:
     return out
 
 
+def sometimes_probe(name: str) -> Callable[[Edge], bool]:
+    """The SOMETIMES probe ``name``: a core one (``SOMETIMES``), or ``swa:<name>`` /
+    ``mamba:<name>`` from ``specs.sometimes_swa`` / ``specs.sometimes_mamba``."""
+    prefix, _, rest = name.partition(":")
+    if prefix == "swa" and rest:
+        from specs.sometimes_swa import SWA_SOMETIMES
+
+        return SWA_SOMETIMES[rest]
+    if prefix == "mamba" and rest:
+        from specs.sometimes_mamba import MAMBA_SOMETIMES
+
+        return MAMBA_SOMETIMES[rest]
+    return SOMETIMES[name]
+
+
 def check_state(state: Any) -> list[tuple[str, str]]:
     """Every ALWAYS violation as ``(name, message)``."""
     return [(name, msg) for name, fn in ALWAYS.items() for msg in fn(state)]
@@ -74,4 +89,4 @@ def check_edge(before: Any, event: ev.Event, after: Any) -> list[tuple[str, str]
 
 __all__ = ["ALWAYS", "SOMETIMES", "TRANSITIONS", "Edge", "changed_pages", "check_edge",
            "check_state", "declared_refcount_delta", "named_nodes", "named_pages",
-           "named_requests"]
+           "named_requests", "sometimes_probe"]

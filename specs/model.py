@@ -85,5 +85,16 @@ def step_with_mamba(m: Any, event: Any) -> Any:
     return step_mamba(m, event)
 
 
+def step_any(m: Any, event: Any) -> Any:
+    """``step`` for whichever model ``m`` is: a ``MambaModel``, a ``HybridModel`` (FULL +
+    SWA) or the core ``ModelState`` (what ``specs.abstraction.abstract_any`` returns)."""
+    if isinstance(m, ModelState):
+        return step(m, event)
+    from specs.model_mamba import MambaModel
+
+    return step_with_mamba(m, event) if isinstance(m, MambaModel) else step_hybrid(m, event)
+
+
 __all__ = ["DETACHED", "ROOT", "RULES", "MNode", "ModelHost", "ModelReject", "ModelState",
-           "MRequest", "clone", "initial_model", "step", "step_hybrid", "step_with_mamba"]
+           "MRequest", "clone", "initial_model", "step", "step_any", "step_hybrid",
+           "step_with_mamba"]

@@ -168,6 +168,7 @@ def swa_lock(m: HybridModel, e: Any) -> None:
         path = path[: path.index(e.top) + 1]
     for node_id in path:
         require(m.core.nodes[node_id].lock_ref > m.swa.node[node_id][1], "FULL must cover SWA")
+        require(m.swa.node[node_id][0], "a locked window holds live SWA KV only")
     fresh = False
     if e.top == ROOT:
         require(e.uuid == 0, "a root window has no receipt")

@@ -109,6 +109,32 @@ _NODES: dict[type, Names] = {
     ev.Reset: _reset_tree,
 }
 
+def _window(s: Any, e: Any) -> set[int]:
+    """An SWA window lock's nodes: ``e.node`` up to ``e.top`` (the root: the whole path)."""
+    nodes = path(s, e.node) if e.node in s.nodes else []
+    return set(nodes[: nodes.index(e.top) + 1] if e.top in nodes else nodes)
+
+
+def _receipt_window(s: Any, e: Any) -> set[int]:
+    """An SWA unlock's nodes: ``e.node`` up to the node carrying receipt ``e.uuid``."""
+    nodes = path(s, e.node) if e.node in s.nodes else []
+    ends = [i for i, n in enumerate(nodes) if e.uuid and s.nodes[n].swa.uuid == e.uuid]
+    return set(nodes[: ends[0] + 1] if ends else nodes)
+
+
+# The SWA events change nodes' SWA components (and an adoption the node's FULL pages); the
+# Mamba events change only the Mamba pool, no node, page or request of the core.
+_NODES.update({
+    ev.SwaEvict: lambda s, e: set(e.nodes),
+    ev.SwaPublish: lambda s, e: {e.node},
+    ev.SwaTouch: lambda s, e: set(e.nodes),
+    ev.SwaLock: _window,
+    ev.SwaUnlock: _receipt_window,
+    ev.SwaAdopt: lambda s, e: {e.node},
+    ev.SwaRebind: lambda s, e: {e.node},
+})
+_PAGES[ev.SwaAdopt] = lambda s, e: set(e.pages) | set(s.nodes[e.node].pages)
+
 _HOST_NODES: dict[type, Names] = {
     ev.Offload: lambda s, e: {e.node},
     ev.Load: lambda s, e: {e.node},

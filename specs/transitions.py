@@ -202,6 +202,8 @@ _DECLARED: dict[type, Callable[[Any, Any], dict[int, int] | None]] = {
     ev.Assign: lambda b, e: None,
     ev.Scatter: lambda b, e: None,
     ev.Reset: lambda b, e: None,
+    # the node's old pages go free; the owner's holds on the new ones move to the tree
+    ev.SwaAdopt: lambda b, e: {p: -1 for p in b.nodes[e.node].pages},
 }
 
 

@@ -32,6 +32,7 @@ PINNED = {  # scope: (unique states, edges)
     "block": (5811, 14795),  # vLLM's block pool
     "block-paged": (3688, 8359),
     "host": (6467, 18278),  # the host tier
+    "mamba": (2154, 6656),  # the Mamba pool (spec model_mamba); "swa": tests/test_explore_hybrid.py
 }
 
 

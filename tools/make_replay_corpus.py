@@ -197,12 +197,13 @@ def build(out_dir: Path) -> dict[str, dict[str, Any]]:
         lambda p: None if _edit_split_time(seed0_v2, p) < 0 else None)
     add("failing/bad_checkpoint.kvlog", "the seed 001 log with its first checkpoint's fingerprint "
         "altered (CRC recomputed): a fingerprint mismatch", lambda p: _corrupt_checkpoint(seed1, p))
-    from specs.findings import FINDINGS, RESULT_FINDINGS
+    from specs.findings import FINDINGS, POOLS, RESULT_FINDINGS
 
     for finding, (finding_geometry, finding_events) in sorted(FINDINGS.items()):
+        pools = POOLS.get(finding, {})
         add(f"findings/{finding}.kvlog", f"spec finding {finding}: the core once accepted the last "
             "event; now the rules refuse it (specs/SPEC.md, Findings)",
-            lambda p, g=finding_geometry, e=finding_events: _append_unchecked(p, g, e))
+            lambda p, g=finding_geometry, e=finding_events, k=pools: _append_unchecked(p, g, e, k))
     for finding, (finding_geometry, finding_events) in sorted(RESULT_FINDINGS.items()):
         add(f"findings/{finding}.kvlog", f"spec finding {finding}: a legal last event once left a "
             "state the spec disagrees with; now it replays clean (specs/SPEC.md, Findings)",
@@ -215,16 +216,19 @@ def build(out_dir: Path) -> dict[str, dict[str, Any]]:
     return expectations
 
 
-def _append_unchecked(path: Path, geometry: Any, events: list[Any]) -> None:
-    """Rewrite ``path`` with ``events`` written verbatim (the last one is invalid)."""
+def _append_unchecked(path: Path, geometry: Any, events: list[Any],
+                      pools: dict[str, int] | None = None) -> None:
+    """Rewrite ``path`` with ``events`` written verbatim (the last one is invalid);
+    ``pools``: the ``initial_state`` pool sizes (``swa_pages``, ``mamba_slots``)."""
     from kvstate import apply_all
     from kvstate.log import LogWriter, make_header
     from kvstate.state import initial_state
 
-    writer = LogWriter(path, make_header(geometry, checkpoint_every=0, meta={"scenario": "failing"}),
-                       fsync=False)
+    pools = pools or {}
+    writer = LogWriter(path, make_header(geometry, checkpoint_every=0, meta={"scenario": "failing"},
+                                         **pools), fsync=False)
     writer.write_events(events)
-    state = apply_all(initial_state(geometry), events[:-1])
+    state = apply_all(initial_state(geometry, **pools), events[:-1])
     writer.close(state.fingerprint())
 
 

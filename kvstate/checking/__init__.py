@@ -73,6 +73,9 @@ def run_check(scope: Scope | str, *, policy: Any = None, max_depth: int | None =
         path = pathlib.Path(log_dir) / f"explore-{name}-{resolved.name}.msgpack"
         initial = level.state(level.initial())  # block mode for the vLLM level
         host_pages = 0 if initial.host is None else initial.host.num_pages
+        swa_pages = 0 if initial.swa is None else initial.swa.num_pages
+        mamba_slots = 0 if initial.mamba is None else initial.mamba.num_slots
         report.log_path = str(write_log(path, initial.geometry, report.violation,
-                                        host_pages=host_pages))
+                                        host_pages=host_pages, swa_pages=swa_pages,
+                                        mamba_slots=mamba_slots))
     return report

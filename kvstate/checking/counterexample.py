@@ -31,15 +31,18 @@ def format_violation(violation: Violation) -> str:
 
 
 def write_log(path: str | pathlib.Path, geometry: Geometry, violation: Violation,
-              origin: str = "explore", note: str = "", host_pages: int = 0) -> pathlib.Path:
+              origin: str = "explore", note: str = "", host_pages: int = 0,
+              swa_pages: int = 0, mamba_slots: int = 0) -> pathlib.Path:
     steps = [[step.label, len(step.events)] for step in violation.path]
     return write_event_log(path, geometry, violation.events(), list(violation.names),
-                           origin=origin, note=note, steps=steps, host_pages=host_pages)
+                           origin=origin, note=note, steps=steps, host_pages=host_pages,
+                           swa_pages=swa_pages, mamba_slots=mamba_slots)
 
 
 def write_event_log(path: str | pathlib.Path, geometry: Geometry, events: list[Event],
                     violation: list[str] | None, *, origin: str, note: str = "",
-                    steps: list[Any] | None = None, host_pages: int = 0) -> pathlib.Path:
+                    steps: list[Any] | None = None, host_pages: int = 0,
+                    swa_pages: int = 0, mamba_slots: int = 0) -> pathlib.Path:
     """Write ``events`` as a replayable ``kvstate.log`` file (overwrites ``path``).
 
     The header's ``meta`` carries ``expect`` (the violated properties), ``origin``,
@@ -55,14 +58,16 @@ def write_event_log(path: str | pathlib.Path, geometry: Geometry, events: list[E
     target.parent.mkdir(parents=True, exist_ok=True)
     meta = {"expect": {"violation": violation}, "origin": origin, "note": note,
             "steps": steps or []}
-    state: Any = initial_state(geometry, host_pages=host_pages)
+    state: Any = initial_state(geometry, host_pages=host_pages, swa_pages=swa_pages,
+                               mamba_slots=mamba_slots)
     for event in events:
         try:
             state = apply(state, event)
         except InvalidEvent:
             state = None
             break
-    header = make_header(geometry, checkpoint_every=0, meta=meta, host_pages=host_pages)
+    header = make_header(geometry, checkpoint_every=0, meta=meta, host_pages=host_pages,
+                         swa_pages=swa_pages, mamba_slots=mamba_slots)
     writer = LogWriter(target, header, fsync=False)
     writer.write_events(events)
     writer.close(state.fingerprint() if state is not None else None)

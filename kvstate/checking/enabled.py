@@ -124,6 +124,11 @@ def candidate_events(state: State, scope: Scope) -> Iterator[ev.Event]:
         from kvstate.checking.enabled_extra import extra_candidates
 
         yield from extra_candidates(state, scope, requests, detached, clock)
+    if state.swa is not None or state.mamba is not None:
+        from kvstate.checking.enabled_hybrid import HYBRID_KINDS, hybrid_candidates
+
+        if kinds & HYBRID_KINDS:
+            yield from hybrid_candidates(state, scope)
 
 
 def _inserts(state: State, scope: Scope, requests: list, detached: list[int],

@@ -145,12 +145,12 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
     """Exhaustive BFS up to ``max_depth`` (the scope's by default); ``probes``: the
     SOMETIMES probes to witness (the scope's by default); ``progress``: called with
     (unique states, depth, edges) as the search goes."""
-    from specs.invariants import SOMETIMES
+    from specs.invariants import sometimes_probe
 
     scope = level.scope
     depth_bound = scope.max_depth if max_depth is None else max_depth
     names = list(scope.probes) if probes is None else list(probes)
-    pending = {name: SOMETIMES[name] for name in names}
+    pending = {name: sometimes_probe(name) for name in names}
     hits: dict[str, int] = {}
     report = Report(scope.name, scope.level, "bfs")
     started = time.perf_counter()
@@ -203,11 +203,11 @@ def explore(level: Level, *, max_depth: int | None = None, state_limit: int | No
 def random_walks(level: Level, *, walks: int, depth: int, seed: int = 0,
                  probes: Iterable[str] | None = None, progress: ProgressHook | None = None) -> Report:
     """``walks`` seeded random walks of up to ``depth`` steps; counts distinct states seen."""
-    from specs.invariants import SOMETIMES
+    from specs.invariants import sometimes_probe
 
     rng = random.Random(seed)
     names = list(level.scope.probes) if probes is None else list(probes)
-    pending = {name: SOMETIMES[name] for name in names}
+    pending = {name: sometimes_probe(name) for name in names}
     hits: dict[str, int] = {}
     report = Report(level.scope.name, level.scope.level, f"walk(seed={seed})")
     started = time.perf_counter()

@@ -58,22 +58,26 @@ def check_refinement(before: State, event: ev.Event, after: State | None,
 
     ``model_before`` may pass ``abstract(before)`` when the caller already has it.
     """
-    from specs.abstraction import abstract, agrees_step, diff
-    from specs.model import ModelReject, step
+    from specs.abstraction import abstract_any, agrees_step, diff
+    from specs.model import ModelReject, step_any
 
     if model_before is None:
-        model_before = abstract(before)
+        model_before = abstract_any(before)
     try:
-        model_after = step(model_before, event)
+        model_after = step_any(model_before, event)
     except ModelReject as exc:
         if after is None:
             return []
         return [("refines", f"rules accepted {event!r}, the spec rejects it: {exc}")]
     if after is None:
         return [("refines", f"rules rejected {event!r} ({error}), the spec accepts it")]
-    if not agrees_step(before, model_before, after, model_after):
+    if before.swa is None and before.mamba is None:
+        agreed = agrees_step(before, model_before, after, model_after)
+    else:  # a hybrid pool (specs.model_swa / model_mamba): compare the whole abstraction
+        agreed = abstract_any(after) == model_after
+    if not agreed:
         return [("refines", f"after {event!r} the rules and the spec differ in "
-                            f"{diff(abstract(after), model_after)}")]
+                            f"{diff(abstract_any(after), model_after)}")]
     return []
 
 
@@ -96,7 +100,18 @@ class EventLevel:
         self.geometry = geometry_of(scope)
 
     def initial(self) -> State:
-        return initial_state(self.geometry, host_pages=self.scope.host_pages)
+        return initial_state(self.geometry, host_pages=self.scope.host_pages,
+                             swa_pages=self.scope.swa_pages, mamba_slots=self.scope.mamba_slots)
+
+    def world_checks(self, world: State) -> list[tuple[str, str]]:
+        """The hybrid pools' named invariants (``kvstate.invariants.swa`` / ``.mamba``)."""
+        if world.swa is None and world.mamba is None:
+            return []
+        from kvstate.invariants import MAMBA_CHECKS, SWA_CHECKS, check
+
+        names = (*(SWA_CHECKS if world.swa is not None else ()),
+                 *(MAMBA_CHECKS if world.mamba is not None else ()))
+        return [(v.check, v.message) for v in check(world, names)]
 
     def state(self, world: State) -> State:
         return world
@@ -107,21 +122,51 @@ class EventLevel:
     def expand(self, world: State) -> Iterator[Step]:
         model_before = None
         if self.check_model:
-            from specs.abstraction import abstract
+            from specs.abstraction import abstract_any
 
-            model_before = abstract(world)
+            model_before = abstract_any(world)
         for event in candidate_events(world, self.scope):
-            try:
-                after: State | None = apply(world, event)
-                error = None
-            except InvalidEvent as exc:
-                after, error = None, exc.precondition
-            violations: list[tuple[str, str]] = []
-            if self.check_model:
-                violations += check_refinement(world, event, after, error, model_before)
-            if after is None:
-                if violations:
-                    yield Step(type(event).__name__, (event,), None, tuple(violations))
-                continue
+            after, violations = self._one(world, event, model_before)
+            if after is not None or violations:
+                yield Step(type(event).__name__, (event,), after, tuple(violations))
+        if world.swa is not None or world.mamba is not None:
+            from kvstate.checking.enabled_hybrid import cascade_steps
+
+            for events in cascade_steps(world, self.scope):
+                step = self._compound(world, events, model_before)
+                if step is not None:
+                    yield step
+
+    def _one(self, world: State, event: ev.Event,
+             model_before: Any) -> tuple[State | None, list[tuple[str, str]]]:
+        """The state after ``event`` (None: rejected) and the edge's violations."""
+        try:
+            after: State | None = apply(world, event)
+            error = None
+        except InvalidEvent as exc:
+            after, error = None, exc.precondition
+        violations: list[tuple[str, str]] = []
+        if self.check_model:
+            violations += check_refinement(world, event, after, error, model_before)
+        if after is not None:
             violations += edge_checks(world, event, after)
-            yield Step(type(event).__name__, (event,), after, tuple(violations))
+        return after, violations
+
+    def _compound(self, world: State, events: tuple[ev.Event, ...],
+                  model_before: Any) -> Step | None:
+        """One step of several events (each checked as its own edge); None when one of them
+        is rejected (by the rules and the model alike)."""
+        label = "+".join(type(e).__name__ for e in events)
+        state: State | None = world
+        for index, event in enumerate(events):
+            assert state is not None
+            if index and self.check_model:
+                from specs.abstraction import abstract_any
+
+                model_before = abstract_any(state)
+            state, violations = self._one(state, event, model_before)
+            if violations:
+                return Step(label, events[: index + 1], state, tuple(violations))
+            if state is None:
+                return None
+        return Step(label, events, state)

@@ -52,7 +52,7 @@ def _worker(level: Level, conn: Connection, names: list[str]) -> None:
 
 def _serve(level: Level, conn: Connection, names: list[str]) -> None:
     """Serve requests until told to stop.  Mutates only its own dict of worlds."""
-    from specs.invariants import SOMETIMES
+    from specs.invariants import sometimes_probe
 
     init = level.initial()
     # worlds: this level's states held here; children: the next level's, as they are made
@@ -73,7 +73,7 @@ def _serve(level: Level, conn: Connection, names: list[str]) -> None:
         _, assigned, incoming, expand, pending_names = message
         for fp, blob in incoming:
             worlds[fp] = pickle.loads(blob)
-        pending = {name: SOMETIMES[name] for name in pending_names if name in names}
+        pending = {name: sometimes_probe(name) for name in pending_names if name in names}
         hits: dict[str, int] = {}
         edges: list[Edge] = []
         failure: tuple[Any, ...] | None = None

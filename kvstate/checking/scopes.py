@@ -16,6 +16,11 @@ EVENT_KINDS = ("rows", "allocate", "append", "assign", "share", "truncate", "fre
 # default, keeps the pinned radix scopes' exact candidate lists).
 EXTRA_KINDS = ("scatter", "free_mapped", "block_alloc", "block_hold", "block_release",
                "block_cache", "block_uncache", "block_clear", "offload", "load", "host_free")
+# The hybrid pools' events (kvstate.events.swa / .mamba; kvstate.checking.enabled_hybrid).
+SWA_KINDS = ("swa_alloc", "swa_free", "swa_evict", "swa_publish", "swa_touch", "swa_lock",
+             "swa_unlock", "swa_adopt", "swa_rebind")
+MAMBA_KINDS = ("mamba_alloc", "mamba_bind", "mamba_free", "mamba_donate", "mamba_copy",
+               "mamba_commit", "mamba_touch", "mamba_lock", "mamba_unlock", "mamba_evict")
 BLOCK_KINDS = ("rows", "block_alloc", "block_hold", "block_release", "block_cache",
                "block_uncache", "block_clear", "reset")
 RADIX_PROBES = ("shared_page", "split", "evict_under_partial_locks", "alloc_needed_eviction",
@@ -40,6 +45,8 @@ class Scope:
     mode: str = "radix"  # "block": vLLM's block pool (kvstate.events.block)
     host_pages: int = 0  # > 0: the state has a host tier of that many pages
     probes: tuple[str, ...] = RADIX_PROBES  # the SOMETIMES probes a complete run must hit
+    swa_pages: int = 0  # > 0: the state has an SWA pool of that many pages (FULL + SWA)
+    mamba_slots: int = 0  # > 0: the state has a Mamba pool of that many slots
 
     def __attrs_post_init__(self) -> None:
         if self.level not in ("event", "planner", "vllm"):
@@ -48,7 +55,21 @@ class Scope:
             # event_view drops the free-list order, which block allocation and the
             # head-only host candidates depend on.
             raise ValueError("symmetry reduction is sound only for radix scopes without a host tier")
-        allowed = EVENT_KINDS + EXTRA_KINDS if self.level == "event" else COMMANDS
+        pools = (self.swa_pages, self.mamba_slots)
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in pools):
+            raise ValueError(f"swa_pages and mamba_slots must be ints >= 0, got {pools}")
+        if any(pools) and (self.level != "event" or self.mode != "radix" or self.host_pages):
+            raise ValueError("an SWA or Mamba pool needs an event-level radix scope, no host tier")
+        if any(pools) and self.symmetry:
+            # event_view forgets the pools (their peers, slots, receipts and free lists).
+            raise ValueError("symmetry reduction does not cover the SWA or Mamba pools")
+        hybrid = {k for k in self.kinds if k in SWA_KINDS + MAMBA_KINDS}
+        if hybrid & set(SWA_KINDS) and not self.swa_pages:
+            raise ValueError("SWA kinds need swa_pages > 0")
+        if hybrid & set(MAMBA_KINDS) and not self.mamba_slots:
+            raise ValueError("Mamba kinds need mamba_slots > 0")
+        allowed = EVENT_KINDS + EXTRA_KINDS + SWA_KINDS + MAMBA_KINDS \
+            if self.level == "event" else COMMANDS
         unknown = set(self.kinds) - set(allowed)
         if unknown:
             raise ValueError(f"unknown kinds for {self.level} level: {sorted(unknown)}")
@@ -129,3 +150,19 @@ _add(Scope("vllm-paged", "vllm", num_pages=3, page_size=2, num_rows=0, vocab=2, 
            kinds=("admit", "decode", "finish", "evict"), prompt_lengths=(1, 2, 3),
            symmetry=False,
            description="vLLM 0.33 front end, block size 2 (partial blocks), 4 blocks"))
+_add(Scope("swa", "event", num_pages=3, page_size=1, num_rows=1, vocab=1, max_depth=7,
+           kinds=("rows", "allocate", "insert", "lock", "evict", "free") + SWA_KINDS,
+           swa_pages=2, symmetry=False,
+           probes=("swa:tombstone_recovered", "swa:locked_tombstone_recovered",
+                   "swa:internal_tombstone", "swa:cascade_eviction"),
+           description="FULL + SWA hybrid: SWA pages, tombstones, window locks and receipts, "
+                       "recovery (adopt, rebind), cascade eviction; spec model_swa; CI"))
+_add(Scope("mamba", "event", num_pages=2, page_size=1, num_rows=1, vocab=1, max_depth=7,
+           kinds=("rows", "allocate", "insert", "lock", "evict") + MAMBA_KINDS,
+           mamba_slots=3, symmetry=False,
+           probes=("mamba:copy_on_match", "mamba:checkpoint_fork", "mamba:ping_pong_donation",
+                   "mamba:cascade_eviction", "mamba:internal_state_evicted",
+                   "mamba:existing_state_kept"),
+           description="FULL + Mamba hybrid: slots held by rows and nodes, copy-on-match, "
+                       "checkpoint forks, ping-pong donation, cascade eviction; spec "
+                       "model_mamba; CI"))

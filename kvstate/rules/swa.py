@@ -197,6 +197,11 @@ def swa_lock(s: Any, event: SwaLock) -> None:
         if node.lock_ref <= node.swa.lock_ref:
             raise Reject(f"node {node_id}: an SWA lock needs a FULL lock under it "
                          f"(FULL {node.lock_ref}, SWA {node.swa.lock_ref}); lock FULL first")
+        if not node.swa.live:
+            # A window lock promises the request its last W tokens' SWA KV; a tombstone
+            # in the window has none (recover it first: SwaAdopt or SwaRebind).
+            raise Reject(f"node {node_id} in the window is an SWA tombstone; recover it "
+                         "before locking the window")
     fresh = False
     if event.top == ROOT:
         if event.uuid:
