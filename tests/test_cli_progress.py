@@ -110,12 +110,12 @@ def test_replay_warns_about_per_event_checks_on_a_large_log(
 
 
 def test_replay_advice_scales_with_the_log() -> None:
-    assert _advice.replay_advice(1_000_000, 1) == []  # ~22k events: seconds
+    assert _advice.replay_advice(1_000_000, 1) == []  # ~22k events: below the advice threshold
     assert _advice.replay_advice(None, 1) == []  # the bundled demo
     (message,) = _advice.replay_advice(100_000_000, 1)
     assert "about 2,173,913 events" in message
     assert _advice.replay_advice(100_000_000, 1000) == []
-    assert _advice.replay_advice(10_000_000, 1) == []  # ~217k events: incremental, seconds
+    assert _advice.replay_advice(10_000_000, 1) == []  # ~217k events, incremental: no advice
     (message,) = _advice.replay_advice(10_000_000, 1, full=True)
     assert "from scratch" in message and "incremental" in message
 

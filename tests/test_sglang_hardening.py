@@ -143,3 +143,18 @@ def test_a_refused_paged_extend_or_decode_changes_nothing():
             call()
     with unchanged(pool):
         assert allocator.alloc_extend([0], [64], [-1]) is None  # too big: None, no event
+
+
+@pytest.mark.parametrize("swa", [False, True])
+def test_alloc_decode_refuses_a_last_loc_outside_the_pool(swa: bool) -> None:
+    from kvstate.sglang.allocator import PagedTokenToKVPoolAllocator
+    from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
+
+    allocator = (SWATokenToKVPoolAllocator(64, 32, 4) if swa
+                 else PagedTokenToKVPoolAllocator(64, 4))
+    allocator.alloc(8)
+    before = allocator.engine.view.fingerprint()
+    for seq_lens, last_loc in (([10**9], [10**9 - 2]), ([10**9 + 1], [10**9 - 1])):
+        with pytest.raises(ValueError, match="last_loc"):
+            allocator.alloc_decode(seq_lens, last_loc)
+        assert allocator.engine.view.fingerprint() == before

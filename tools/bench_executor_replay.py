@@ -26,7 +26,7 @@ only (``fullpool``: what the executor did before it held SWA layers).  Mamba log
 (``--mamba``, on by default; ``tools/bench_executor_mamba.py``) replay with the Mamba
 states, and again without them (``nomamba``).  ``--baseline TREE`` also times
 the executor of another source tree (e.g. ``git archive HEAD | tar -x -C
-/tmp/head``: the code before the incremental checks), in a subprocess, on
+../kvstate-head``: the code before the incremental checks), in a subprocess, on
 the same corpus logs in the same run, and on the same synthetic workload
 recorded by that tree (an older reader refuses a newer log format).
 
@@ -34,7 +34,7 @@ Usage (from the repository root)::
 
     python tools/bench_executor_replay.py
     python tools/bench_executor_replay.py --modes incremental end --repeats 5
-    python tools/bench_executor_replay.py --baseline /tmp/head --json out.json
+    python tools/bench_executor_replay.py --baseline ../kvstate-head --json out.json
 """
 
 from __future__ import annotations

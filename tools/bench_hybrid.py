@@ -3,7 +3,7 @@
     python tools/bench_swa.py                                   # FULL + SWA, page 1
     python tools/bench_swa.py --page-size 4 --repeats 5
     python tools/bench_mamba.py --configs mamba-extra --steps 3000
-    python tools/bench_swa.py --before /tmp/kvstate-before      # + an older kvstate tree
+    python tools/bench_swa.py --before ../kvstate-before        # + an older kvstate tree
 
 Two families share this harness: ``swa`` (FULL + SWA: the op lists of
 ``tools/diff_sglang_hybrid.py``, run through ``tools/hybrid_sides.py`` /

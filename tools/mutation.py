@@ -2,7 +2,8 @@
 
 Not part of CI (hours of CPU).  Needs ``pip install '.[mutation]'`` (mutmut).  Copies
 ``kvstate/``, ``specs/``, ``tests/`` and ``pyproject.toml`` into a scratch
-directory (``--work``, default ``/tmp/kvstate-mutation``), writes mutmut's
+directory (``--work``, default ``kvstate-mutation`` in the system's temporary
+directory), writes mutmut's
 configuration there (``setup.cfg``: mutate only ``kvstate/rules/*`` and
 ``kvstate/planner/*``, run a focused test selection that stops at the first
 failure), runs ``mutmut run`` and prints the score and every surviving
@@ -29,6 +30,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -149,7 +151,8 @@ def _sum(tallies: Iterable[dict[str, int]]) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.mutation")
-    parser.add_argument("--work", default="/tmp/kvstate-mutation", help="scratch directory")
+    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "kvstate-mutation"),
+                        help="scratch directory")
     parser.add_argument("--max-children", type=int, default=2, help="parallel test processes")
     parser.add_argument("--only", choices=sorted(AREAS), default="all",
                         help="mutate the rules, the planner, or both")

@@ -22,7 +22,6 @@ pages; Mamba slots always go to the tail.
 
 from __future__ import annotations
 
-import heapq
 from typing import Any
 
 import attrs
@@ -31,8 +30,7 @@ from kvstate.events import Evict, MambaEvict, SwaEvict
 from kvstate.planner.builder import Builder
 from kvstate.planner.evict import is_mapped
 from kvstate.planner.mamba_match import state_of
-from kvstate.planner.swa_evict import swa_lru
-from kvstate.state import ROOT
+from kvstate.planner.swa_evict import full_walk, swa_lru
 
 FULL, SWA, MAMBA = "full", "swa", "mamba"
 
@@ -119,7 +117,7 @@ def plan_mamba_evict(b: Builder, full_tokens: int, swa_tokens: int, states: int,
         if to_target:
             quota = max(request, walk.tally[FULL] + b.state.evictable_size)
         if component == FULL:
-            _full_walk(walk, quota)
+            full_walk(walk, quota)
         elif component == SWA:
             _swa_walk(walk, quota)
         else:
@@ -138,22 +136,6 @@ def plan_mamba_evict_for_alloc(b: Builder, full_shortfall: int, swa_shortfall: i
                if shortfall > 0 and component in components(state)}
     return plan_mamba_evict(b, full_shortfall, swa_shortfall, state_shortfall,
                             at_head=at_head, targets=targets)
-
-
-def _full_walk(walk: _Walk, quota: int) -> None:
-    state = walk.b.state
-    heap = [(state.nodes[n].last_access, n) for n in state.leaves]
-    heapq.heapify(heap)
-    while walk.tally[FULL] < quota and heap:
-        _, node_id = heapq.heappop(heap)
-        if not walk.removable(node_id):
-            continue
-        parent = walk.b.state.nodes[node_id].parent
-        walk.remove(node_id)
-        if walk.reached(FULL):
-            return
-        if parent != ROOT and parent in walk.b.state.leaves:
-            heapq.heappush(heap, (walk.b.state.nodes[parent].last_access, parent))
 
 
 def _swa_walk(walk: _Walk, quota: int) -> None:

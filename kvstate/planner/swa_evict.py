@@ -118,7 +118,7 @@ def plan_unified_evict(b: Builder, full_tokens: int, swa_tokens: int, *, at_head
         if to_target:
             quota = max(request, walk.tally[FULL] + b.state.evictable_size)
         if component == FULL:
-            _full_walk(walk, quota)
+            full_walk(walk, quota)
         else:
             _swa_walk(walk, quota)
     return Evicted(walk.tally[FULL], walk.tally[SWA])
@@ -137,7 +137,10 @@ def plan_evict_for_alloc(b: Builder, full_shortfall: int, swa_shortfall: int, *,
     return plan_unified_evict(b, full_shortfall, swa_shortfall, at_head=at_head, targets=targets)
 
 
-def _full_walk(walk: _Walk, quota: int) -> None:
+def full_walk(walk: Any, quota: int) -> None:
+    """FULL eviction: unlocked leaves by LRU, a parent joining the heap once it becomes a
+    leaf, until ``quota`` FULL tokens are out.  ``walk`` is this module's or the Mamba
+    planner's walk (``b``, ``tally``, ``removable``, ``remove``, ``reached``)."""
     state = walk.b.state
     heap = [(state.nodes[n].last_access, n) for n in state.leaves]
     heapq.heapify(heap)

@@ -31,8 +31,7 @@ from kvstate.sglang.frees import Group, free_events, refusal
 from kvstate.sglang.inputs import (
     as_int,
     bind_forms,
-    decode_form,
-    decode_form_0523,
+    decode_args,
     extend_form,
     extend_form_0523,
     int64_tensor,
@@ -296,15 +295,9 @@ class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):
         Takes ``(seq_lens, last_loc)`` or 0.5.23's ``(seq_lens, seq_lens_cpu,
         last_loc)``.  ``None`` when short.  Commits ``Allocate``.
         """
-        bound = bind_forms("alloc_decode", args, kwargs, decode_form_0523, decode_form)
-        seqs = int_list(bound["seq_lens"], "seq_lens", low=1)
-        lasts = int_list(bound["last_loc"], "last_loc", low=-1)
-        if len(seqs) != len(lasts):
-            raise ValueError("seq_lens and last_loc must have one entry per request")
+        seqs, lasts = decode_args(args, kwargs, self.page_size,
+                                  self.engine.geometry.num_pages)
         size = self.page_size
-        for seq, last in zip(seqs, lasts, strict=True):
-            if (last + 2) % size != seq % size:
-                raise ValueError(f"last_loc {last} does not sit at position {seq - 2} of a page")
         needed = sum(1 for seq in seqs if (seq - 1) % size == 0)
         free_pages = self.engine.view.free_pages
         if needed > len(free_pages):

@@ -165,5 +165,39 @@ def decode_form(seq_lens: Any, last_loc: Any) -> None:
     """``alloc_decode`` in the plain form."""
 
 
-__all__ = ["as_int", "bind_forms", "cpu_array", "int_seq", "decode_form", "decode_form_0523",
-           "extend_form", "extend_form_0523", "int64_tensor", "int_list", "is_params", "token_ids"]
+def decode_args(args: tuple[Any, ...], kwargs: dict[str, Any], page_size: int,
+                num_pages: int) -> tuple[list[int], list[int]]:
+    """``alloc_decode``'s ``(seq_lens, last_loc)`` in either call form, checked: one
+    entry per request, each ``last_loc`` a slot of the pool's ``num_pages`` pages (or
+    -1) at position ``seq_len - 2`` of its page."""
+    bound = bind_forms("alloc_decode", args, kwargs, decode_form_0523, decode_form)
+    seqs = int_list(bound["seq_lens"], "seq_lens", low=1)
+    lasts = int_list(bound["last_loc"], "last_loc", low=-1,
+                     high=(num_pages + 1) * page_size - 1)
+    if len(seqs) != len(lasts):
+        raise ValueError("seq_lens and last_loc must have one entry per request")
+    for seq, last in zip(seqs, lasts, strict=True):
+        if (last + 2) % page_size != seq % page_size:
+            raise ValueError(f"last_loc {last} does not sit at position {seq - 2} of a page")
+    return seqs, lasts
+
+
+def row_ranges(ranges: Any, allocated: int) -> list[tuple[int, int]]:
+    """``free_kv_row``'s ranges, checked (ascending, disjoint, inside the row's
+    ``allocated`` entries) and with touching ranges joined, so a page split
+    between two of them is freed once."""
+    merged: list[list[int]] = []
+    for start, end in ranges:
+        start, end = as_int(start, "range start"), as_int(end, "range end")
+        if not start <= end <= allocated or (merged and start < merged[-1][1]):
+            raise ValueError(f"range [{start}, {end}) is outside the row or out of order")
+        if merged and start == merged[-1][1]:
+            merged[-1][1] = end
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+__all__ = ["as_int", "bind_forms", "cpu_array", "decode_args", "decode_form", "decode_form_0523",
+           "extend_form", "extend_form_0523", "int64_tensor", "int_list", "int_seq", "is_params",
+           "row_ranges", "token_ids"]

@@ -35,8 +35,7 @@ from kvstate.sglang.binding import FrontEndMixin, engine_for_allocator
 from kvstate.sglang.inputs import (
     as_int,
     bind_forms,
-    decode_form,
-    decode_form_0523,
+    decode_args,
     extend_form,
     extend_form_0523,
     int64_tensor,
@@ -171,15 +170,10 @@ class SWATokenToKVPoolAllocator(SwaFreesMixin, FrontEndMixin):
     def alloc_decode(self, *args: Any, **kwargs: Any) -> torch.Tensor | None:
         """One slot per request (``seq_lens`` after the token), both pools in step.
         Commits ``Allocate`` and ``SwaAlloc``."""
-        bound = bind_forms("alloc_decode", args, kwargs, decode_form_0523, decode_form)
-        seqs = int_list(bound["seq_lens"], "seq_lens", low=1)
-        lasts = int_list(bound["last_loc"], "last_loc", low=-1)
-        if len(seqs) != len(lasts):
-            raise ValueError("seq_lens and last_loc need one entry per request")
+        seqs, lasts = decode_args(args, kwargs, self.page_size,
+                                  self.engine.geometry.num_pages)
         size = self.page_size
         for seq, last in zip(seqs, lasts, strict=True):
-            if (last + 2) % size != seq % size:
-                raise ValueError(f"last_loc {last} does not sit at position {seq - 2} of a page")
             self._check_partial(last, seq - 1)
         pages = self._take(sum(1 for seq in seqs if (seq - 1) % size == 0))
         if pages is None:
@@ -197,7 +191,10 @@ class SWATokenToKVPoolAllocator(SwaFreesMixin, FrontEndMixin):
     def _check_partial(self, last_loc: int, length: int) -> None:
         """A row that continues a partial page needs that page's SWA peer (SGLang
         translates ``last_loc`` through the mapping)."""
-        if length % self.page_size and int(self.full_to_swa_index_mapping[last_loc]) <= 0:
+        if not length % self.page_size:
+            return
+        mapping = self.full_to_swa_index_mapping
+        if not 0 <= last_loc < len(mapping) or int(mapping[last_loc]) <= 0:
             raise ValueError(f"last_loc {last_loc} has no SWA slot to continue")
 
     def _take(self, count: int) -> list[int] | None:

@@ -42,7 +42,7 @@ from kvstate.planner.swa_requests import (
     plan_hybrid_release,
 )
 from kvstate.sglang.hybrid_req import SWA, HybridLock, HybridReceipt
-from kvstate.sglang.inputs import as_int
+from kvstate.sglang.inputs import as_int, row_ranges
 from kvstate.sglang.tree_view import TreeNode
 from kvstate.state import ROOT, slots_of
 
@@ -99,15 +99,7 @@ class UnifiedFlows:
         record = self._row(kv.req_pool_idx)
         cursor = HybridCursor(int(kv.req_pool_idx), kv.cache_protected_len,
                               evicted=kv.get_evicted_seqlen(SWA))
-        merged: list[list[int]] = []
-        for start, end in ranges:
-            start, end = as_int(start, "range start"), as_int(end, "range end")
-            if not start <= end <= record.allocated or (merged and start < merged[-1][1]):
-                raise ValueError(f"range [{start}, {end}) is outside the row or out of order")
-            if merged and start == merged[-1][1]:
-                merged[-1][1] = end  # a page split between two ranges is freed once
-            else:
-                merged.append([start, end])
+        merged = row_ranges(ranges, record.allocated)
         with self.engine.batch() as batch:
             for start, end in merged:
                 plan_free_row(batch, cursor, start, end, at_head=self._at_head)
