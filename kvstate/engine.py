@@ -22,14 +22,16 @@ Listeners (a recorder, an executor, the request-table tensor) subscribe with
 :meth:`subscribe`.  A listener may define ``before(event, view)``, called
 before each event's rule (read-only: it sees the state the event applies
 to; it then also defines ``discard(event)``, called when the rule refuses
-that event), and must define ``after(events, view)``, called once per
-committed batch, after every event of it was applied.  So a listener that fails never
-leaves the engine between two events of a decision: the batch is applied
-whole, the failing listener is detached, and its error is raised after the
-others ran.  A listener may also define ``rolled_back(events)``: the events of
-a batch that failed part way, which the engine has undone (``before`` saw
-them, ``after`` never will).  A plain callable ``fn(event, view)`` is called per event from
-``after`` (it then sees the state after the whole batch).
+that event; a listener whose ``before`` acts on some event types only names
+them in ``before_events`` and is called for those alone), and must define
+``after(events, view)``, called once per committed batch, after every event
+of it was applied.  So a listener that fails never leaves the engine between
+two events of a decision: the batch is applied whole, the failing listener is
+detached, and its error is raised after the others ran.  A listener may also
+define ``rolled_back(events)``: the events of a batch that failed part way,
+which the engine has undone (``before`` saw them, ``after`` never will).  A
+plain callable ``fn(event, view)`` is called per event from ``after`` (it then
+sees the state after the whole batch).
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ class Engine:
         self._initial = state
         self._events: list[Event] = []
         self._listeners: list[Any] = []
-        self._befores: list[Any] = []
+        # (listener, the event types its ``before`` acts on, or None for all)
+        self._befores: list[tuple[Any, frozenset[type] | None]] = []
         self._broken: BaseException | None = None
         self._batch: list[Event] | None = None
         self._reset_to(state)
@@ -190,14 +193,14 @@ class Engine:
             listener = _CallableListener(listener)
         self._listeners.append(listener)
         if hasattr(listener, "before"):
-            self._befores.append(listener)
+            kinds = getattr(listener, "before_events", None)
+            self._befores.append((listener, None if kinds is None else frozenset(kinds)))
 
     def unsubscribe(self, listener: Any) -> None:
         for entry in list(self._listeners):
             if entry is listener or getattr(entry, "fn", None) is listener:
                 self._listeners.remove(entry)
-                if entry in self._befores:
-                    self._befores.remove(entry)
+                self._befores = [hook for hook in self._befores if hook[0] is not entry]
                 return
         raise ValueError(f"{listener!r} is not subscribed")
 
@@ -256,16 +259,20 @@ class Engine:
         befores = self._befores
         if befores:
             view = live if live is not None else self._current
-            for listener in befores:
-                listener.before(event, view)
+            kind = type(event)
+            for listener, kinds in befores:
+                if kinds is None or kind in kinds:
+                    listener.before(event, view)
         try:
             if live is not None:
                 live.apply(event)
             else:
                 self._current = apply_valid(self._current, event)
         except InvalidEvent:
-            for listener in befores:  # the event did not happen: forget what was prepared
-                listener.discard(event)
+            kind = type(event)
+            for listener, kinds in befores:  # the event did not happen: forget what was prepared
+                if kinds is None or kind in kinds:
+                    listener.discard(event)
             raise
         journal = self._journal
         if journal is not None:

@@ -1,8 +1,8 @@
 """The records a state is made of: tree nodes, request tables, host-only nodes.
 
 Each record has a frozen form (``Node``, ``Request``: tuples, held by a
-frozen ``State``) and a mutable form (``MNode``, ``MRequest``: slotted
-objects, held by a ``LiveState`` and by a persistent transaction while it
+frozen ``State``) and a mutable form (``MNode``, ``MRequest``: mutable
+structs, held by a ``LiveState`` and by a persistent transaction while it
 edits a record).  Both forms have the same attribute names, so code that
 only reads (invariants, encoding, the planner) takes either.  The rules write
 only mutable records; ``thaw_*`` and ``freeze_*`` convert between the two.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import msgspec
 from immutables import Map
 
 RequestId = int | str
@@ -78,37 +79,31 @@ class HostNode(NamedTuple):
     last_access: int
 
 
-class MNode:
+# The mutable records are msgspec structs the cyclic collector does not track (``gc=False``):
+# a live tree holds one ``MNode`` per node, and tracking them only made young collections
+# more frequent.  They cannot be part of a cycle: a record refers to ids, tuples and its own
+# children map, never to another record.  ``eq=False`` keeps identity comparison.
+class MNode(msgspec.Struct, gc=False, eq=False):
     """A tree node being edited (fields as ``Node``; ``children`` is a mutable mapping)."""
 
-    __slots__ = ("parent", "key", "pages", "children", "lock_ref", "last_access", "extra", "below",
-                 "swa")
-
-    def __init__(self, parent: int, key: tuple[int, ...], pages: tuple[int, ...], children: Any,
-                 lock_ref: int, last_access: int, extra: Any = None, below: int = 0,
-                 swa: SwaNode | None = None) -> None:
-        self.parent = parent
-        self.key = key
-        self.pages = pages
-        self.children = children
-        self.lock_ref = lock_ref
-        self.last_access = last_access
-        self.extra = extra
-        self.below = below
-        self.swa = swa
+    parent: int
+    key: tuple[int, ...]
+    pages: tuple[int, ...]
+    children: Any
+    lock_ref: int
+    last_access: int
+    extra: Any = None
+    below: int = 0
+    swa: SwaNode | None = None
 
 
-class MRequest:
+class MRequest(msgspec.Struct, gc=False, eq=False):
     """A request table being edited (fields as ``Request``; ``pages`` is a list)."""
 
-    __slots__ = ("pages", "allocated", "committed", "dangling")
-
-    def __init__(self, pages: list[int], allocated: int = 0, committed: int = 0,
-                 dangling: tuple[int, ...] = ()) -> None:
-        self.pages = pages
-        self.allocated = allocated
-        self.committed = committed
-        self.dangling = dangling
+    pages: list[int]
+    allocated: int = 0
+    committed: int = 0
+    dangling: tuple[int, ...] = ()
 
 
 def freeze_node(node: MNode | Node) -> Node:

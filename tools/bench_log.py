@@ -8,6 +8,9 @@ vLLM-style block-mode run; ``tools/log_workloads.py``) it measures:
 
 * ``kvstate verify`` (framing, CRCs and digests; no event decoded), MB/s;
 * decoding only (read, CRC, typed decode into events);
+* recording: what a ``Recorder`` adds per event to a live engine applying
+  the log's events one batch each (the worst case: most front-end decisions
+  commit several events in one batch), checkpoints and writes included;
 * replay on the live backend with no invariant checks, checks every 1000
   events and checks after every event (incremental), and with checks after
   every event on the persistent backend (from scratch, for reference, on a
@@ -82,6 +85,34 @@ def rules_only(path: Path) -> int:
     return len(events), time.process_time() - started  # type: ignore[return-value]
 
 
+def recording_cost(path: Path, work: Path, repeat: int) -> tuple[float, float]:
+    """(µs per event of a live engine committing the log's events one batch each, µs per
+    event a ``Recorder`` on that engine adds), each the best of ``repeat`` runs."""
+    from kvstate.engine import Engine
+    from kvstate.log import Recorder
+    from kvstate.replay import start_state
+
+    with LogReader(path) as reader:
+        events = list(reader.events())
+        state = start_state(reader.header)
+
+    def run(record: bool) -> float:
+        engine = Engine(state=state, keep_events=False)
+        recorder = Recorder(engine, work / "rerecorded.kvlog", fsync=False) if record else None
+        started = time.process_time()
+        for event in events:
+            with engine.batch() as batch:
+                batch.emit(event)
+        cpu = time.process_time() - started
+        if recorder is not None:
+            recorder.close()
+        return cpu
+
+    plain = min(run(False) for _ in range(repeat))
+    recorded = min(run(True) for _ in range(repeat))
+    return plain / len(events) * 1e6, (recorded - plain) / len(events) * 1e6
+
+
 def replay_count(path: Path, check_every: int, backend: str = "live",
                  until: int | None = None, full: bool = False) -> int:
     with LogReader(path) as reader:
@@ -92,7 +123,7 @@ def replay_count(path: Path, check_every: int, backend: str = "live",
     return result.summary.events
 
 
-def measure(name: str, path: Path, repeat: int) -> list[Row]:
+def measure(name: str, path: Path, repeat: int, work: Path) -> list[Row]:
     size = path.stat().st_size
     rows: list[Row] = []
 
@@ -111,6 +142,11 @@ def measure(name: str, path: Path, repeat: int) -> list[Row]:
     count = found.events
     rows.append((name, "rules only (live backend, events in memory)",
                  f"{count / rules:,.0f} events/s", "no reader, no summary"))
+    print(rows[-1], flush=True)
+    engine_us, record_us = recording_cost(path, work, repeat)
+    rows.append((name, "recording (a Recorder on a live engine, one event per batch)",
+                 f"{record_us:.2f} µs/event on top of the engine",
+                 f"the engine alone: {engine_us:.2f} µs/event"))
     print(rows[-1], flush=True)
     rate("replay, no checks (live)", lambda: replay_count(path, 0))
     rate("replay, checks every 1000 (live, incremental)", lambda: replay_count(path, 1000))
@@ -165,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     record_sglang(logs["SGLang p1"], args.requests, 1)
     record_sglang(logs["SGLang p16"], args.requests, 16)
     record_vllm(logs["vLLM b16"], args.vllm_requests)
-    rows = [row for name, path in logs.items() for row in measure(name, path, args.repeat)]
+    rows = [row for name, path in logs.items()
+            for row in measure(name, path, args.repeat, work)]
     lines = [f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
              f"{platform.python_version()}; load average at the end {os.getloadavg()[0]:.1f}. "
              f"Best of {args.repeat}, process CPU time.", "",

@@ -10,6 +10,10 @@ The field types carry their ranges, so decoding a log validates in C as it
 goes: ids, slots, times and token ids are ints in ``0..2**63-1`` (int64, the
 dtype SGLang and vLLM index with); request names are strings of at most
 ``MAX_NAME_CHARS`` characters.  A bool or a float is never an int.
+Events hold only ints, strings and tuples of them, so they can never be
+part of a reference cycle: they are structs the cyclic collector does not
+track (``gc=False``), which keeps young collections rare while an engine's
+journal holds thousands of them.
 Constructing an event in Python does not validate (the planner builds
 millions of them); ``kvstate.events.codec.validated`` does, and the public
 ``apply`` entry points call it.
@@ -35,7 +39,7 @@ E = TypeVar("E", bound="Event")
 EVENT_TYPES: dict[str, type[Event]] = {}
 
 
-class Event(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+class Event(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True, gc=False):
     """Base of all events.  Subclasses pass ``tag=`` and are registered with :func:`event`."""
 
     TAG: ClassVar[str]

@@ -85,8 +85,8 @@ class Codec:
     """
 
     def __init__(self) -> None:
-        self._to_record: dict[bytes, bytes] = {}
         self._from_record: dict[bytes, bytes] = {}
+        self._record_prefix: dict[type, bytes] = {}  # event class -> its records' first bytes
         self.refresh()
 
     def stale(self) -> bool:
@@ -99,32 +99,35 @@ class Codec:
         self._encode = msgspec.msgpack.Encoder().encode
         self._decoder = msgspec.msgpack.Decoder(Union[types])  # type: ignore[valid-type]  # noqa: UP007
         # msgspec writes a fixarray header and a two-byte fixstr tag; a record has the
-        # version after the tag.  Both maps go between the two 4- and 5-byte prefixes.
-        # Only the exact field count maps: msgspec would accept an array_like struct
-        # with trailing defaults left out, and a record must carry every field.  The maps
-        # are updated in place, so a reader that bound them sees new types too.
-        self._to_record.clear()
+        # version after the tag.  ``_record_prefix`` gives each class its record's first 5
+        # bytes (for msgspec's 4), ``_from_record`` maps them back.  Only the exact field
+        # count maps back: msgspec would accept an array_like struct with trailing defaults
+        # left out, and a record must carry every field.  The maps are updated in place, so
+        # a reader that bound them sees new types too.
         self._from_record.clear()
+        self._record_prefix.clear()
         for cls in types:
             tag = b"\xa2" + cls.TAG.encode()
             count = len(cls.__struct_fields__) + 1  # the tag, then the fields
+            if count + 1 > 15:  # the prefixes assume a one-byte (fixarray) header
+                raise ValueError(f"{cls.__name__} has {count - 1} fields; an event has at most 13")
             plain = bytes((0x90 | count,)) + tag
             record = bytes((0x90 | (count + 1),)) + tag + bytes((cls.VERSION,))
             self._from_record[record] = plain
             # msgspec leaves out no field when encoding, so one prefix per class suffices.
-            self._to_record[plain] = record
+            self._record_prefix[cls] = record
 
     # -- encoding ----------------------------------------------------------------
     def encode(self, evt: Event) -> bytes:
         """The record body ``[tag, version, *fields]`` (msgpack)."""
-        raw = self._encode(evt)
-        prefix = self._to_record.get(raw[:4])
+        prefix = self._record_prefix.get(type(evt))
         if prefix is None:
             if not self.stale():
                 raise EventDecodeError(f"{type(evt).__name__} is not a registered event type")
             self.refresh()
             return self.encode(evt)
-        return prefix + raw[4:]
+        # msgspec begins every encoding of the class with the 4 bytes ``prefix`` replaces
+        return prefix + self._encode(evt)[4:]
 
     # -- decoding ----------------------------------------------------------------
     def decode(self, body: bytes, upcasters: Registry | None = None) -> Event:

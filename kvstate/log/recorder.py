@@ -120,16 +120,23 @@ class Recorder:
             writer = self.writer or self._open()
             encode = CODEC.encode
             crc32, frame_pack, seeds = zlib.crc32, FRAME.pack, _LENGTH_CRCS
-            frames = []
-            for event in events:
-                body = encode(event)
+            buf = writer._buf
+            if len(events) == 1:  # most batches: encoded whole before anything is appended
+                body = encode(events[0])
                 length = len(body)
                 seed = seeds[length] if length < 1024 else crc32(LENGTH.pack(length))
-                frames.append(frame_pack(length, crc32(body, seed)))
-                frames.append(body)
-            buf = writer._buf
-            for part in frames:
-                buf += part
+                buf += frame_pack(length, crc32(body, seed))
+                buf += body
+            else:
+                frames = []
+                for event in events:
+                    body = encode(event)
+                    length = len(body)
+                    seed = seeds[length] if length < 1024 else crc32(LENGTH.pack(length))
+                    frames.append(frame_pack(length, crc32(body, seed)))
+                    frames.append(body)
+                for part in frames:
+                    buf += part
             writer.count += len(events)
             if self._next_checkpoint > 0 and writer.count >= self._next_checkpoint:
                 writer.write_checkpoint(fingerprint(view))

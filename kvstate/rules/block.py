@@ -39,7 +39,8 @@ def _child_key(key: tuple[int, ...], extra: Any) -> tuple[Any, ...]:
         if len(_SUFFIX_BY_ID) >= 64:
             _SUFFIX_BY_ID.clear()
         found = _SUFFIX_BY_ID[id(extra)] = (extra, repr(extra))
-    return (*key, found[1])
+    # Concatenation sizes the new tuple once (unpacking goes through a list).
+    return (key if type(key) is tuple else tuple(key)) + (found[1],)
 
 
 def _check_holder(s: Any, holder: RequestId) -> bool:
@@ -110,11 +111,13 @@ def block_hold(s: Any, event: BlockHold) -> None:
     num_pages = s.geometry.num_pages
     if is_request:
         check_distinct(real, "page")
+        # A request holds exactly the pages its table maps (``refcounts``,
+        # ``table_refs_live``): the table alone says which it already holds.
         table = set(s.requests[holder].pages)
         for page in real:
             if not 0 < page <= num_pages:
                 check_page_id(s, page)
-            if page in table or holder in holders.get(page, ()):
+            if page in table:
                 raise Reject(f"request {holder!r} already holds page {page}")
         _check_width(s, holder, len(pages))
     elif real and (min(real) < 1 or max(real) > num_pages):
@@ -131,7 +134,7 @@ def block_hold(s: Any, event: BlockHold) -> None:
             revived.append(page)
             holders[page] = single
         else:
-            holders[page] = (*held, holder)
+            holders[page] = held + single
     if revived:
         s.free_pages = s.free_pages.take(revived)
     if is_request:
@@ -144,25 +147,34 @@ def block_hold(s: Any, event: BlockHold) -> None:
 def block_release(s: Any, event: BlockRelease) -> None:
     holder = event.holder
     is_request = _check_holder(s, holder)
-    real = [page for page in event.pages if page != 0] if 0 in event.pages else list(event.pages)
-    check_distinct(real, "page")  # a duplicate inside one release is a double free
+    pages = event.pages
+    real = pages if 0 not in pages else tuple([page for page in pages if page != 0])
     holders, page_node = s.holders, s.page_node
-    for page in real:
-        held = holders.get(page)
-        if held is None or holder not in held:
-            check_page_id(s, page)
-            state_word = "free (double free)" if held is None else f"held by {list(held)}"
-            raise Reject(f"page {page} is not held by {holder!r}: it is {state_word}")
-    if is_request:
+    if is_request and event.close:
+        # The pages must be exactly the table's.  A table maps distinct pages
+        # (``table_injective``), each held by its request (``table_refs_live``), so this
+        # one comparison also rules out a duplicate and a page the request does not hold.
         table = s.requests[holder].pages
+        mapped = table if 0 not in table else [page for page in table if page != 0]
+        # the usual order is the table's, reversed (vLLM frees the tail first)
+        if len(mapped) != len(real) or (mapped != list(reversed(real))
+                                        and set(mapped) != set(real)):
+            check_distinct(real, "page")  # name a double free as such
+            raise Reject(f"closing request {holder!r} must release all its pages {mapped}")
+    else:
         if event.close:
-            mapped = [page for page in table if page != 0]
-            if len(mapped) != len(real) or (mapped != real[::-1] and set(mapped) != set(real)):
-                raise Reject(f"closing request {holder!r} must release all its pages {mapped}")
-    elif event.close:
-        raise Reject("close needs a request holder")
+            raise Reject("close needs a request holder")
+        check_distinct(real, "page")  # a duplicate inside one release is a double free
+        held_by = holders.get
+        for page in real:
+            held = held_by(page)
+            if held is None or holder not in held:
+                check_page_id(s, page)
+                state_word = "free (double free)" if held is None else f"held by {list(held)}"
+                raise Reject(f"page {page} is not held by {holder!r}: it is {state_word}")
     to_head: list[int] = []
     to_tail: list[int] = []
+    to_tail_if_cached = event.cached_to_tail
     for page in real:
         held = holders[page]
         if len(held) > 1:
@@ -170,7 +182,7 @@ def block_release(s: Any, event: BlockRelease) -> None:
             holders[page] = held[:index] + held[index + 1:]
             continue
         del holders[page]
-        if event.cached_to_tail and page in page_node:
+        if to_tail_if_cached and page in page_node:
             to_tail.append(page)
         else:
             to_head.append(page)
@@ -249,7 +261,7 @@ def block_cache(s: Any, event: BlockCache) -> None:
         node_id, _key, _extra, page = entries[index]
         if page:
             node = s.node_w(node_id)
-            node.pages = (*node.pages, page)
+            node.pages = node.pages + (page,)
             page_node[page] = node_id
     pruned = 0
     if first_new < len(entries):

@@ -70,6 +70,8 @@ class MappingMirror:
         device = tensor.device
         tensor[int64_tensor(slots).to(device)] = int64_tensor(values).to(device)
 
+    before_events = _UNPAIRING  # the engine calls ``before`` for these alone
+
     def before(self, event: Event, view: Any) -> None:
         if type(event) not in _UNPAIRING:
             return

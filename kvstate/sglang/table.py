@@ -55,6 +55,8 @@ class TableMirror:
         rather than rebuilding tensors from the event's ints (same values, checked by the pool)."""
         self._given = (event, tensors)
 
+    before_events = (Allocate,)  # the engine calls ``before`` for these alone
+
     def before(self, event: Event, view: Any) -> None:
         if type(event) is Allocate and event.items:
             self._prepared.append((event, _allocate_writes(event, view)))

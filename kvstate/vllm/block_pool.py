@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from operator import is_
 from typing import Any
 
+import msgspec
+
 from kvstate.engine import Engine
 from kvstate.planner.block import (
     plan_cache_chain,
@@ -41,14 +43,17 @@ from kvstate.vllm.kv_events import KVCacheEvent
 from kvstate.vllm.request import Request
 
 
-class KVCacheBlock:
-    """A read-only view of block ``block_id``; its fields are read from the pool's state."""
+class KVCacheBlock(msgspec.Struct, gc=False, eq=False):
+    """A read-only view of block ``block_id``; its fields are read from the pool's state.
 
-    __slots__ = ("_pool", "block_id")
+    A view holds the pool's engine and hash listener, not the pool: the pool holds its
+    views, so a back reference would make every pool (and its whole engine state) a cycle
+    that only the cyclic collector frees.  Without a cycle to find, the collector need not
+    track the views either (``gc=False``; a pool makes one per block)."""
 
-    def __init__(self, block_id: int, pool: BlockPool) -> None:
-        self.block_id = block_id
-        self._pool = pool
+    block_id: int
+    _engine: Engine
+    _hashes: NodeHashes
 
     @property
     def is_null(self) -> bool:
@@ -56,16 +61,16 @@ class KVCacheBlock:
 
     @property
     def ref_cnt(self) -> int:
-        return len(self._pool.engine.view.holders.get(self.block_id, ()))
+        return len(self._engine.view.holders.get(self.block_id, ()))
 
     @property
     def block_hash(self) -> bytes | None:
         """vLLM's ``BlockHashWithGroupId`` (digest + group id), or None when not cached."""
-        view = self._pool.engine.view
+        view = self._engine.view
         node_id = view.page_node.get(self.block_id)
         if node_id is None:
             return None
-        hashes = self._pool.hashes
+        hashes = self._hashes
         digest = hashes.digest_of(node_id, view)
         return None if digest is None else block_hash_with_group_id(digest,
                                                                     hashes.group_of(node_id))
@@ -107,10 +112,11 @@ class BlockPool:
                 or engine.geometry.page_size != hash_block_size:
             raise ValueError(f"engine geometry {engine.geometry} does not fit this pool")
         self.engine = engine
-        self.blocks = [KVCacheBlock(block_id, self) for block_id in range(num_gpu_blocks)]
-        self.null_block = self.blocks[0]
         self.hashes = NodeHashes(hash_seed=hash_seed, hash_algo=hash_algo,
                                  emit_events=enable_kv_cache_events)
+        self.blocks = [KVCacheBlock(block_id, engine, self.hashes)
+                       for block_id in range(num_gpu_blocks)]
+        self.null_block = self.blocks[0]
         engine.subscribe(self.hashes)
 
     # -- reading ----------------------------------------------------------------
@@ -264,7 +270,7 @@ class BlockPool:
             pass
         out = []
         for block in blocks:
-            if not isinstance(block, KVCacheBlock) or block._pool is not self:
+            if not isinstance(block, KVCacheBlock) or block._hashes is not self.hashes:
                 raise TypeError(f"{block!r} is not a block of this pool")
             if keep_null or block.block_id != 0:
                 out.append(block.block_id)

@@ -16,6 +16,7 @@ rehashes a block the request already hashed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -27,7 +28,7 @@ from kvstate.vllm.events_bridge import NodeHashes
 class CallBatch:
     """``with CallBatch(engine, hashes, request) as b:`` run one planner decision."""
 
-    __slots__ = ("_batch", "_engine", "_hashes", "_persistent", "_request", "state")
+    __slots__ = ("_batch", "_engine", "_hashes", "_persistent", "_request", "emit", "state")
 
     def __init__(self, engine: Engine, hashes: NodeHashes | None = None,
                  request: Any = None) -> None:
@@ -37,6 +38,10 @@ class CallBatch:
         self._request = request
         self.state: Any = engine.view
         self._persistent = engine.backend != "live"  # a new state per event: read it again
+        # ``emit`` is the opening method until the batch is open; on the live backend it then
+        # becomes the engine's own ``emit`` (no frame of ours per event).  The bound method
+        # refers back to this object: ``__exit__`` breaks that cycle.
+        self.emit: Callable[[Event], None] = self._open_and_emit
 
     def __enter__(self) -> CallBatch:
         hashes = self._hashes
@@ -46,12 +51,14 @@ class CallBatch:
             hashes.lora_id = getattr(request, "lora_id", None)
         return self
 
-    def emit(self, event: Event) -> None:
+    def _open_and_emit(self, event: Event) -> None:
         engine = self._engine
         if self._batch is None:
             batch = engine.batch()
             batch.__enter__()
             self._batch = batch
+            if not self._persistent:
+                self.emit = engine.emit
         engine.emit(event)
         if self._persistent:
             self.state = engine.view
@@ -63,6 +70,11 @@ class CallBatch:
                 self._batch.__exit__(kind, error, trace)
         finally:
             self._batch = None
+            self.emit = _closed
             if self._hashes is not None:
                 self._hashes.hints = None
                 self._hashes.lora_id = None
+
+
+def _closed(event: Event) -> None:
+    raise RuntimeError("this manager call's batch is closed")

@@ -29,6 +29,7 @@ blocks belong to ``group_idx`` (0 for a one-group pool).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from kvstate.events import BlockCache, BlockClear, BlockUncache, Event
@@ -99,6 +100,8 @@ class NodeHashes:
                 block_hash_with_group_id(value, group.get(node_id, self.group_idx)): node_id
                 for node_id, value in self.digest.items()}
         return found
+
+    before_events = (BlockCache, BlockUncache)  # the engine calls ``before`` for these alone
 
     def before(self, event: Event, view: Any) -> None:
         """Hashes the event needs, from the state it applies to (it or a later event of the
@@ -266,7 +269,7 @@ class NodeHashes:
             extras = _untag([split_group(entry[2], group)[1] for entry in entries if entry[3]])
             lora_name = _lora_name(split_group(entries[0][2], group)[1]) if entries else None
         tokens = tuple(entries[0][1]) if len(entries) == 1 else \
-            tuple([token for entry in entries for token in entry[1]])
+            tuple(chain.from_iterable([entry[1] for entry in entries]))
         return (tuple(hashes), parent, tokens, len(entries[0][1]) if entries else 0,
                 self.lora_id, lora_name, extras, group)
 

@@ -54,17 +54,21 @@ class IdleSteps:
                 type(in_flight) is not int or num_new_tokens <= 0 or \
                 num_new_computed_tokens != 0 or num_lookahead_tokens < 0 or in_flight < 0:
             return False
+        _, need_hi, main_hi, cache_lo, cache_hi, remove_hi = bounds
         main_tokens = computed + num_new_tokens
-        max_model_len = self.max_model_len
-        if main_tokens > max_model_len or computed < self.covered.get(request_id, 0):
+        if main_tokens > main_hi or computed - in_flight > remove_hi:
             return False
         need_slots = main_tokens + num_lookahead_tokens
+        max_model_len = self.max_model_len
         if need_slots > max_model_len:
+            if main_tokens > max_model_len:
+                return False
             need_slots = max_model_len
+        if need_slots > need_hi:
+            return False
         num_tokens = request.num_tokens
         cache_upto = main_tokens if main_tokens < num_tokens else num_tokens
-        if need_slots > bounds[1] or main_tokens > bounds[2] or \
-                not bounds[3] <= cache_upto <= bounds[4] or computed - in_flight > bounds[5]:
+        if not cache_lo <= cache_upto <= cache_hi or computed < self.covered.get(request_id, 0):
             return False
         self.covered[request_id] = cache_upto
         return True

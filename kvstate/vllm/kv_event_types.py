@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import attrs
+import msgspec
+from msgspec.structs import force_setattr
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
@@ -59,47 +61,52 @@ def _optional_token_lists(
     return None if values is None else tuple(tuple(tokens) for tokens in values)
 
 
-@attrs.frozen
-class BlockStored:
+class BlockStored(msgspec.Struct, frozen=True, gc=False):
     """Blocks entered the prefix cache (one event per ``cache_full_blocks`` call).
 
     ``parent_block_hash`` is the hash of the block before ``block_hashes[0]``
     in the chain, ``None`` at the chain start.  ``extra_keys`` holds one
     untagged entry per block (see ``hashing.to_event_extra_keys``).
+
+    A frozen msgspec struct, as vLLM's own event classes are: the pool builds
+    one per cached chain, and a struct is built in C.  Sequences passed as
+    lists are stored as tuples (``__post_init__``).  Holds no other event, so
+    the collector need not track it.
     """
 
-    block_hashes: tuple[ExternalBlockHash, ...] = attrs.field(converter=_hashes)
+    block_hashes: tuple[ExternalBlockHash, ...]
     parent_block_hash: ExternalBlockHash | None
-    token_ids: tuple[int, ...] = attrs.field(converter=_ints)
+    token_ids: tuple[int, ...]
     block_size: int
     lora_id: int | None
     medium: str | None
     lora_name: str | None
-    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = attrs.field(
-        default=None, converter=_optional_keys
-    )
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
     locality: str | None = None
     ownership: str | None = None
     session_id: str | None = None
-    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = attrs.field(
-        default=None, converter=_optional_token_lists
-    )
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.block_hashes) is not tuple:
+            force_setattr(self, "block_hashes", _hashes(self.block_hashes))
+        if type(self.token_ids) is not tuple:
+            force_setattr(self, "token_ids", _ints(self.token_ids))
+        if self.extra_keys is not None:
+            force_setattr(self, "extra_keys", _optional_keys(self.extra_keys))
+        if self.lookahead_token_ids is not None:
+            force_setattr(self, "lookahead_token_ids",
+                          _optional_token_lists(self.lookahead_token_ids))
 
 
 def with_spec(event: BlockStored, kind: str | None, window: int | None) -> BlockStored:
     """``event`` with its group's spec kind and sliding window set (what vLLM's manager adds
-    to the pool's events).  Built field by field: ``attrs.evolve`` is several times slower."""
-    return BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids,
-                       event.block_size, event.lora_id, event.medium, event.lora_name,
-                       event.extra_keys, event.group_idx, kind, window, event.locality,
-                       event.ownership, event.session_id, event.lookahead_token_ids)
-
-
-_new_object = object.__new__
-_set_field = object.__setattr__
+    to the pool's events)."""
+    return msgspec.structs.replace(event, kv_cache_spec_kind=kind,
+                                   kv_cache_spec_sliding_window=window)
 
 
 def stored_event(hashes: tuple[ExternalBlockHash, ...], parent: ExternalBlockHash | None,
@@ -107,26 +114,10 @@ def stored_event(hashes: tuple[ExternalBlockHash, ...], parent: ExternalBlockHas
                  lora_name: str | None, extra_keys: tuple[tuple[Any, ...] | None, ...] | None,
                  group_idx: int | None, kind: str | None, window: int | None) -> BlockStored:
     """A GPU ``BlockStored`` from fields already in their stored form (tuples; each extra
-    key entry None or a nested tuple), set without the converters: what the pool's event
-    queue builds once per cached chain.  Equal to ``BlockStored(...)`` of the same values."""
-    event = _new_object(BlockStored)
-    put = _set_field
-    put(event, "block_hashes", hashes)
-    put(event, "parent_block_hash", parent)
-    put(event, "token_ids", tokens)
-    put(event, "block_size", block_size)
-    put(event, "lora_id", lora_id)
-    put(event, "medium", MEDIUM_GPU)
-    put(event, "lora_name", lora_name)
-    put(event, "extra_keys", extra_keys)
-    put(event, "group_idx", group_idx)
-    put(event, "kv_cache_spec_kind", kind)
-    put(event, "kv_cache_spec_sliding_window", window)
-    put(event, "locality", None)
-    put(event, "ownership", None)
-    put(event, "session_id", None)
-    put(event, "lookahead_token_ids", None)
-    return event
+    key entry None or a nested tuple): what the pool's event queue builds once per cached
+    chain.  Equal to ``BlockStored(...)`` of the same values."""
+    return BlockStored(hashes, parent, tokens, block_size, lora_id, MEDIUM_GPU, lora_name,
+                       extra_keys, group_idx, kind, window)
 
 
 @attrs.frozen

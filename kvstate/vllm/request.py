@@ -24,6 +24,7 @@ and vLLM's tensors hold), names are strings of at most ``MAX_NAME_CHARS``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import islice, repeat
 from typing import Any
 
 from kvstate.events import MAX_ID, MAX_NAME_CHARS
@@ -106,10 +107,15 @@ class Request:
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
         """Append sampled tokens and hash any block they complete (mutates; commits nothing)."""
-        new = [_token(token_ids)] if isinstance(token_ids, int) else _tokens(token_ids)
-        self.output_token_ids.extend(new)
-        self.all_token_ids.extend(new)
-        self._update_block_hashes()
+        if type(token_ids) is int and 0 <= token_ids <= MAX_ID:  # one token: a decode step
+            self.output_token_ids.append(token_ids)
+            self.all_token_ids.append(token_ids)
+        else:
+            new = [_token(token_ids)] if isinstance(token_ids, int) else _tokens(token_ids)
+            self.output_token_ids.extend(new)
+            self.all_token_ids.extend(new)
+        if len(self.all_token_ids) >= (len(self.block_hashes) + 1) * self.block_size:
+            self._update_block_hashes()  # a block was completed
 
     def block_tokens(self, index: int) -> tuple[int, ...]:
         """Tokens of block ``index`` (full or partial)."""
@@ -154,14 +160,21 @@ class Request:
 class GroupChain:
     """One KV-cache group's chain of a request: the request's full blocks, hashes and tokens,
     with ``("group", group)`` leading each block's extra keys (so the tree key differs per
-    group while the vLLM hash does not).  Reads the request; extends its own key lists lazily
-    as the request grows."""
+    group while the vLLM hash does not).  Reads the request's own lists (which only grow),
+    not the request, so a request and its chains form no reference cycle; extends its own key
+    lists lazily as the request grows."""
 
-    __slots__ = ("_extras", "_keys", "_plain", "_plain_suffix", "_request", "_tag", "group")
+    __slots__ = ("_block_size", "_extras", "_keys", "_own_extras", "_plain", "_plain_suffix",
+                 "_tag", "_tokens", "block_hashes", "block_token_keys", "group")
 
     def __init__(self, request: Request, group: int) -> None:
-        self._request = request
         self.group = group
+        self.block_hashes: Sequence[bytes] = request.block_hashes
+        # Each full block's tokens as a tuple (the request's own objects, shared).
+        self.block_token_keys: Sequence[tuple[int, ...]] = request.block_token_keys
+        self._own_extras = request.block_extra_keys
+        self._tokens = request.all_token_ids
+        self._block_size = request.block_size
         self._tag = ("group", group)
         # One extra-keys tuple per group for every block without keys of its own, shared by
         # all requests (the rules reuse the child-key suffix of a repeated object), and that
@@ -180,28 +193,28 @@ class GroupChain:
         self._extend()
         return self._extras
 
-    @property
-    def block_hashes(self) -> Sequence[bytes]:
-        return self._request.block_hashes
-
-    @property
-    def block_token_keys(self) -> Sequence[tuple[int, ...]]:
-        """Each full block's tokens as a tuple (the request's own objects, shared)."""
-        return self._request.block_token_keys
-
     def block_tokens(self, index: int) -> tuple[int, ...]:
-        return self._request.block_tokens(index)
+        start = index * self._block_size
+        return tuple(self._tokens[start:start + self._block_size])
 
     def _extend(self) -> None:
-        request = self._request
-        blocks = request.block_token_keys
+        blocks = self.block_token_keys
+        start = len(self._keys)
+        if start == len(blocks):
+            return
+        own_extras = self._own_extras
+        if not any(islice(own_extras, start, None)):  # no block has keys of its own
+            self._keys.extend(map(tuple.__add__, islice(blocks, start, None),
+                                  repeat((self._plain_suffix,))))
+            self._extras.extend(repeat(self._plain, len(blocks) - start))
+            return
         plain = self._plain
-        plain_suffix = self._plain_suffix
-        for index in range(len(self._keys), len(blocks)):
-            own = request.block_extra_keys[index]
+        plain_suffix = (self._plain_suffix,)
+        for index in range(start, len(blocks)):
+            own = own_extras[index]
             if own is None:
                 self._extras.append(plain)
-                self._keys.append((*blocks[index], plain_suffix))
+                self._keys.append(blocks[index] + plain_suffix)
             else:
                 extra = (self._tag, *own)
                 self._extras.append(extra)
@@ -219,10 +232,13 @@ def _plain_extra(group: int) -> tuple[tuple[tuple[str, int]], str]:
     return found
 
 
+_INT_TYPE = frozenset({int})  # exactly int: a bool is refused
+
+
 def _tokens(values: Iterable[Any]) -> list[int]:
     """``values`` as a list of token ids; ``TypeError`` / ``ValueError`` (nothing kept) if not."""
     tokens = list(values)
-    if all(type(token) is int for token in tokens):  # the common case: C-speed checks only
+    if set(map(type, tokens)) <= _INT_TYPE:  # the common case: C-speed checks only
         if tokens and (min(tokens) < 0 or max(tokens) > MAX_ID):
             for token in tokens:
                 _token(token)
