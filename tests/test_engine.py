@@ -141,6 +141,34 @@ def test_listeners_see_each_batch_whole():
     assert listener.discarded == ["Free"]
 
 
+class AllocateOnly(Listener):
+    before_events = (ev.Allocate, ev.Free)
+
+
+def test_a_listener_naming_before_events_is_called_for_those_alone():
+    engine = Engine(GEOMETRY)
+    typed, every = AllocateOnly(), Listener()
+    engine.subscribe(typed)
+    engine.subscribe(every)
+    engine.apply(ev.ReqAlloc((4,)))
+    with engine.batch() as b:
+        plan_extend(b, [(4, 9)], at_head=True)
+    assert typed.seen_before == [("Allocate", 1)]
+    assert every.seen_before == [("ReqAlloc", 0), ("Allocate", 1), ("Append", 2)]
+    assert typed.batches == every.batches == [["ReqAlloc"], ["Allocate", "Append"]]
+    with pytest.raises(InvalidEvent):
+        engine.apply(ev.ReqFree((30,)))  # not one of its types: neither before nor discard
+    with pytest.raises(InvalidEvent):
+        engine.apply(ev.Free((30,)))
+    assert typed.discarded == ["Free"] and every.discarded == ["ReqFree", "Free"]
+    assert typed.seen_before == [("Allocate", 1), ("Free", 3)]
+    engine.unsubscribe(typed)
+    with engine.batch() as b:
+        plan_extend(b, [(4, 11)], at_head=True)
+    assert every.seen_before[-2][0] == "Allocate"
+    assert typed.seen_before == [("Allocate", 1), ("Free", 3)]  # unsubscribed: no more calls
+
+
 def test_a_failing_listener_is_detached_after_the_batch_is_applied():
     engine = Engine(GEOMETRY)
     bad, good = Listener(fail_on=ev.Append), Listener()
