@@ -1,7 +1,7 @@
 """Block-mode canaries: the vLLM explorer catches broken block-pool rules by name.
 
-Each variant breaks one block-event rule of the core (``kvstate.rules.block``)
-the way a real block-pool bug would.  Exploring the vLLM front end
+Each variant breaks one block-event rule of the core (``kvstate.rules.block``,
+``kvstate.rules.block_tree``) the way a real block-pool bug would.  Exploring the vLLM front end
 (``kvstate.vllm``) in a tiny scope must stop at the named ALWAYS property
 that the bug violates.  A rule edits a store in place (``kvstate.rules.store``);
 the variants wrap it and undo or add one edit.

@@ -16,7 +16,7 @@ import pytest
 
 from kvstate.engine import Engine
 from kvstate.events import BlockAlloc, BlockCache, ReqAlloc
-from kvstate.rules.block import _child_key
+from kvstate.rules.block_tree import _child_key
 from kvstate.state import Geometry, block_child_key
 from kvstate.vllm.block_pool import BlockPool
 from kvstate.vllm.hashing import hash_block_tokens, hash_int_block, none_hash

@@ -13,7 +13,8 @@ In block mode:
 * page 0 is the null block: it may fill request-table positions (sliding
   window), is never held, queued or cached.
 
-The rules live in ``kvstate.rules.block``.  Tags start with ``b``.
+The rules live in ``kvstate.rules.block`` (tables and holders) and
+``kvstate.rules.block_tree`` (the prefix tree).  Tags start with ``b``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,18 @@ Nothing here imports torch, time, random or os.
 from __future__ import annotations
 
 # Register every rule (imported for their side effect on RULES).
-from kvstate.rules import block, frees, host, mamba, pages, rows, swa, swa_recover, tree  # noqa: F401
+from kvstate.rules import (  # noqa: F401
+    block,
+    block_tree,
+    frees,
+    host,
+    mamba,
+    pages,
+    rows,
+    swa,
+    swa_recover,
+    tree,
+)
 from kvstate.rules.registry import RULE_MODES, RULES, Reject, Rule, rule
 
 __all__ = ["RULES", "RULE_MODES", "Reject", "Rule", "rule"]
