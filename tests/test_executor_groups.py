@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from vllm_helpers import BS, FULL, MAMBA, SWA, hybrid_config
 
 from kvstate import ModelConfig
 from kvstate.executor import (
@@ -22,27 +23,13 @@ from kvstate.executor.exports import slots_from_block_table
 from kvstate.executor.exports_groups import group_request
 from kvstate.vllm import KVCacheManager, Request
 from kvstate.vllm.hybrid import HybridKVCacheManager
-from kvstate.vllm.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
 
-BS = 4
-FULL = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float32")
-SWA = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float32",
-                        sliding_window=8)
-MAMBA = MambaSpec(block_size=BS, shapes=((2, 8),), dtypes=("float32",), mamba_cache_mode="align")
 LAYOUTS = {"swa": [SWA, SWA], "mamba": [MAMBA], "both": [SWA, MAMBA]}
 
 
 def manager_for(kind: str, blocks: int = 48) -> HybridKVCacheManager:
-    groups = [KVCacheGroupSpec(["full"], FULL)] + [
-        KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(LAYOUTS[kind])]
-    config = KVCacheConfig(blocks, [], groups, prefix_cache_retention_interval=0)
-    manager = KVCacheManager(config, 256, BS, BS, max_in_flight_tokens=256)
+    manager = KVCacheManager(hybrid_config(FULL, *LAYOUTS[kind], num_blocks=blocks), 256, BS, BS,
+                             max_in_flight_tokens=256)
     assert isinstance(manager, HybridKVCacheManager)
     return manager
 

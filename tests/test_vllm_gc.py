@@ -8,15 +8,13 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
+from vllm_helpers import BS, FULL, SWA, hybrid_config
 
 from kvstate.events import BlockAlloc
-from kvstate.vllm import kv_cache_interface as interface
 from kvstate.vllm.block_pool import BlockPool
 from kvstate.vllm.kv_event_types import BlockStored
 from kvstate.vllm.manager import KVCacheManager
 from kvstate.vllm.request import Request
-
-BLOCK = 4
 
 
 @pytest.fixture
@@ -30,15 +28,8 @@ def collector_off() -> Iterator[None]:
 
 
 def hybrid_manager() -> KVCacheManager:
-    specs = [interface.FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8,
-                                         dtype="float32"),
-             interface.SlidingWindowSpec(block_size=BLOCK, num_kv_heads=1, head_size=8,
-                                         dtype="float32", sliding_window=8)]
-    groups = [interface.KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)]
-    config = interface.KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups,
-                                     prefix_cache_retention_interval=0)
-    return KVCacheManager(config, 1 << 10, BLOCK, BLOCK, enable_kv_cache_events=True,
-                          hash_seed="0")
+    return KVCacheManager(hybrid_config(FULL, SWA, num_blocks=64), 1 << 10, BS, BS,
+                          enable_kv_cache_events=True, hash_seed="0")
 
 
 def serve(manager: KVCacheManager, rounds: int = 6) -> list[object]:
@@ -46,7 +37,7 @@ def serve(manager: KVCacheManager, rounds: int = 6) -> list[object]:
     handed: list[object] = []
     running: list[Request] = []
     for index in range(rounds):
-        request = Request(f"r{index}", [1, 2, 3, 4, 5, 6, 7, 8] + [index] * 5, BLOCK,
+        request = Request(f"r{index}", [1, 2, 3, 4, 5, 6, 7, 8] + [index] * 5, BS,
                           hash_seed="0")
         blocks, hit = manager.get_computed_blocks(request)[:2]
         new = manager.allocate_slots(request, request.num_tokens - hit, hit, blocks)
@@ -65,7 +56,7 @@ def serve(manager: KVCacheManager, rounds: int = 6) -> list[object]:
 
 
 @pytest.mark.parametrize("make", [hybrid_manager,
-                                  lambda: KVCacheManager(64, BLOCK, 1 << 10, hash_seed="0",
+                                  lambda: KVCacheManager(64, BS, 1 << 10, hash_seed="0",
                                                          enable_kv_cache_events=True)],
                          ids=["hybrid", "full"])
 def test_a_dropped_manager_is_freed_without_the_cycle_collector(make, collector_off) -> None:
@@ -94,7 +85,7 @@ def test_records_events_and_views_are_not_tracked() -> None:
 
 
 def test_a_view_of_another_pool_is_refused_without_a_pool_reference() -> None:
-    one, other = BlockPool(8, True, BLOCK), BlockPool(8, True, BLOCK)
+    one, other = BlockPool(8, True, BS), BlockPool(8, True, BS)
     with pytest.raises(TypeError, match="not a block of this pool"):
         one.ids_of([other.blocks[2]])
     assert one.ids_of([one.blocks[2], one.blocks[0]]) == [2]

@@ -17,31 +17,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from vllm_helpers import BS, FULL, MAMBA, SWA, hybrid_config
 
 from kvstate.invariants import check
 from kvstate.vllm import BlockStored, KVCacheManager, Request
 from kvstate.vllm.hybrid import HybridKVCacheManager
-from kvstate.vllm.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
 
-BS = 4
 PROMPT = list(range(100, 120))
-FULL = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float32")
-SWA = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float32",
-                        sliding_window=8)
-MAMBA = MambaSpec(block_size=BS, shapes=((2, 8),), dtypes=("float32",), mamba_cache_mode="align")
 
 
 def make(kind: str, retention: int | None, num_blocks: int = 40) -> HybridKVCacheManager:
     others = [SWA, SWA] if kind == "swa" else [MAMBA]
-    groups = [KVCacheGroupSpec(["full"], FULL)] + [
-        KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(others)]
-    config = KVCacheConfig(num_blocks, [], groups, prefix_cache_retention_interval=retention)
+    config = hybrid_config(FULL, *others, num_blocks=num_blocks, retention=retention)
     manager = KVCacheManager(config, 256, BS, BS, max_in_flight_tokens=256,
                              enable_kv_cache_events=True)
     assert isinstance(manager, HybridKVCacheManager)

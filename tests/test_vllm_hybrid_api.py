@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from vllm_helpers import BS, FULL, MAMBA, hybrid_config
 
 from kvstate.engine import Engine
 from kvstate.invariants import check
@@ -20,18 +21,8 @@ from kvstate.vllm import KVCacheManager, KVEventBatch, Request
 from kvstate.vllm.events_bridge import NodeHashes
 from kvstate.vllm.hashing import block_hash_with_group_id
 from kvstate.vllm.hybrid import HybridKVCacheManager
-from kvstate.vllm.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
+from kvstate.vllm.kv_cache_interface import KVCacheConfig, MambaSpec, SlidingWindowSpec
 from kvstate.vllm.kv_events import decode_event_batch, encode_event_batch
-
-BS = 4
-FULL = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float32")
-MAMBA = MambaSpec(block_size=BS, shapes=((2, 8),), dtypes=("float32",), mamba_cache_mode="align")
 
 
 def swa(window: int = 8, size: int = BS) -> SlidingWindowSpec:
@@ -40,8 +31,7 @@ def swa(window: int = 8, size: int = BS) -> SlidingWindowSpec:
 
 
 def config(*specs: object, num_blocks: int = 12, retention: int | None = 0) -> KVCacheConfig:
-    groups = [KVCacheGroupSpec([f"l{i}"], spec) for i, spec in enumerate(specs)]  # type: ignore[arg-type]
-    return KVCacheConfig(num_blocks, [], groups, prefix_cache_retention_interval=retention)
+    return hybrid_config(*specs, num_blocks=num_blocks, retention=retention)
 
 
 def three_groups(**options: object) -> HybridKVCacheManager:

@@ -2,8 +2,28 @@
 
 from __future__ import annotations
 
+from kvstate.vllm.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from kvstate.vllm.manager import KVCacheBlocks, KVCacheManager
 from kvstate.vllm.request import Request
+
+# The hybrid tests' layer specs: block size 4, a window of 8 tokens, Mamba in align mode.
+BS = 4
+FULL = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float32")
+SWA = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float32",
+                        sliding_window=8)
+MAMBA = MambaSpec(block_size=BS, shapes=((2, 8),), dtypes=("float32",), mamba_cache_mode="align")
+
+
+def hybrid_config(*specs: object, num_blocks: int, retention: int | None = 0) -> KVCacheConfig:
+    """A ``KVCacheConfig`` with one KV-cache group per spec, in order."""
+    groups = [KVCacheGroupSpec([f"l{i}"], spec) for i, spec in enumerate(specs)]  # type: ignore[arg-type]
+    return KVCacheConfig(num_blocks, [], groups, prefix_cache_retention_interval=retention)
 
 
 def admit(manager: KVCacheManager, request: Request) -> tuple[list[int], int, KVCacheBlocks | None]:

@@ -21,11 +21,13 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
-from typing import Any
 
 from kvstate.log import Recorder
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from serving_run import serve  # noqa: E402
+
 SEEDS = [("mamba-nobuf", 1, 1), ("mamba-nobuf", 3, 1), ("mamba-extra", 2, 1),
          ("mamba-extra", 0, 4), ("mamba-extra", 3, 4), ("swa-mamba-extra", 3, 4)]
 EXTRA = {"nomamba": {"mamba_config": None}}
@@ -34,7 +36,6 @@ OPTIONS = {"swa_layers": False}  # every Mamba row: the SWA layers (if any) left
 
 def record_mamba_seeds(folder: Path, steps: int = 150) -> list[Path]:
     """Mamba logs of ``tools/diff_sglang_mamba.py``'s seeded op lists on kvstate's front end."""
-    sys.path.insert(0, str(ROOT / "tools"))
     from diff_sglang_mamba import generate
     from mamba_ops import apply_op
     from mamba_sides import Side
@@ -60,14 +61,13 @@ def mamba_serving(path: Path, requests: int = 150, page_size: int = 4, seed: int
     the pools (200 FULL pages of 4 tokens, 40 Mamba slots) are small enough that the tree's
     states and KV are evicted.  On OOM the oldest running request finishes early.
     """
+    from kvstate.sglang import mamba_scheduler
     from kvstate.sglang.allocator import PagedTokenToKVPoolAllocator
     from kvstate.sglang.mamba_pool import HybridReqToTokenPool
     from kvstate.sglang.mamba_radix_cache import MambaCacheInitParams
     from kvstate.sglang.mamba_req import MambaReq
-    from kvstate.sglang.mamba_scheduler import admit, decode_step, finish, prefill_done, undo_admit
     from kvstate.sglang.unified_radix_cache import UnifiedRadixCache
 
-    rng = random.Random(seed)
     pool = HybridReqToTokenPool(size=16, mamba_size=40, max_context_len=1024,
                                 enable_mamba_extra_buffer=True)
     alloc = PagedTokenToKVPoolAllocator(200 * page_size, page_size)
@@ -76,34 +76,7 @@ def mamba_serving(path: Path, requests: int = 150, page_size: int = 4, seed: int
         tree_components=("FULL", "MAMBA"), enable_mamba_extra_buffer=True,
         mamba_chunk_size=8, mamba_track_interval=32))
     recorder = Recorder(cache.engine, str(path), fsync=False, meta={"workload": "mamba_serving"})
-    systems = [[rng.randint(1, 50) for _ in range(rng.randint(20, 60))] for _ in range(4)]
-    waiting = [(rng.choice(systems) + [rng.randint(1, 50) for _ in range(rng.randint(4, 40))],
-                rng.randint(8, 96)) for _ in range(requests)]
-    running: list[tuple[Any, int]] = []
-    number = 0
-    while waiting or running:
-        if waiting and len(running) < 8:
-            tokens, budget = waiting.pop(0)
-            req = MambaReq(number, tokens)
-            number += 1
-            try:
-                admit(cache, req)
-            except MemoryError:
-                undo_admit(cache, req)
-                waiting.insert(0, (tokens, budget))
-                if not running:
-                    raise
-                finish(cache, running.pop(0)[0])
-                continue
-            prefill_done(cache, req, rng.randint(1, 50))
-            running.append((req, budget))
-        try:
-            decode_step(cache, [req for req, _ in running], rng.randint(1, 50))
-        except MemoryError:
-            finish(cache, running.pop(0)[0])
-        for item in [item for item in running if len(item[0].output_ids) >= item[1]]:
-            running.remove(item)
-            finish(cache, item[0])
+    serve(cache, mamba_scheduler, MambaReq, requests, random.Random(seed))
     recorder.close()
     return path
 

@@ -13,19 +13,20 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
-from typing import Any
 
 from kvstate.executor.replay import SWA_WINDOW_META
 from kvstate.log import Recorder
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from serving_run import serve  # noqa: E402
+
 SWA_EXTRA = {"nowindow": {"swa_window": None}, "fullpool": {"swa_layers": False}}
 SWA_SEEDS = [(1, 1), (3, 1), (6, 1), (0, 4), (3, 4), (7, 4)]  # (seed, page size), 150 steps
 
 
 def record_swa_seeds(folder: Path, steps: int = 150) -> list[Path]:
     """SWA logs of ``tools/diff_sglang_hybrid.py``'s seeded op lists on kvstate's front end."""
-    sys.path.insert(0, str(ROOT / "tools"))
     from diff_sglang_hybrid import generate
     from hybrid_ops import apply_op
     from hybrid_sides import Side
@@ -53,48 +54,18 @@ def swa_serving(path: Path, requests: int = 150, page_size: int = 4, window: int
     FULL, 96 SWA pages) are small enough that the tree is evicted.  On OOM the
     oldest running request finishes early.
     """
+    from kvstate.sglang import hybrid_scheduler
     from kvstate.sglang.hybrid_req import HybridCacheInitParams, HybridReq
-    from kvstate.sglang.hybrid_scheduler import admit, decode_step, finish, prefill_done
     from kvstate.sglang.pool import ReqToTokenPool
     from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
     from kvstate.sglang.unified_radix_cache import UnifiedRadixCache
 
-    rng = random.Random(seed)
     pool = ReqToTokenPool(16, 1024)
     alloc = SWATokenToKVPoolAllocator(160 * page_size, 96 * page_size, page_size)
     cache = UnifiedRadixCache(HybridCacheInitParams(pool, alloc, page_size, window))
     recorder = Recorder(cache.engine, str(path), fsync=False,
                         meta={SWA_WINDOW_META: window, "workload": "swa_serving"})
-    systems = [[rng.randint(1, 50) for _ in range(rng.randint(20, 60))] for _ in range(4)]
-    waiting = [(rng.choice(systems) + [rng.randint(1, 50) for _ in range(rng.randint(4, 40))],
-                rng.randint(8, 96)) for _ in range(requests)]
-    running: list[tuple[Any, int]] = []
-    number = 0
-    while waiting or running:
-        if waiting and len(running) < 8:
-            tokens, budget = waiting.pop(0)
-            req = HybridReq(number, tokens)
-            number += 1
-            try:
-                admit(cache, req)
-            except MemoryError:
-                pool.free(req.kv.req_pool_idx)
-                req.kv.req_pool_idx = None
-                cache.unlock(req.lock)
-                waiting.insert(0, (tokens, budget))
-                if not running:
-                    raise
-                finish(cache, running.pop(0)[0])
-                continue
-            prefill_done(cache, req, rng.randint(1, 50))
-            running.append((req, budget))
-        try:
-            decode_step(cache, [req for req, _ in running], rng.randint(1, 50), interval=16)
-        except MemoryError:
-            finish(cache, running.pop(0)[0])
-        for item in [item for item in running if len(item[0].output_ids) >= item[1]]:
-            running.remove(item)
-            finish(cache, item[0])
+    serve(cache, hybrid_scheduler, HybridReq, requests, random.Random(seed), interval=16)
     recorder.close()
     return path
 

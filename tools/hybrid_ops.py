@@ -124,10 +124,11 @@ def _undo(side: Any, req: Any) -> str:
     """An admission that did not fit: give the row back and drop the lock."""
     if side.kind == "sglang":
         side.pool.free(req)
+        side.cache.unlock(req.lock)
     else:
-        side.pool.free(req.kv.req_pool_idx)
-        req.kv.req_pool_idx = None
-    side.cache.unlock(req.lock)
+        from kvstate.sglang.hybrid_scheduler import undo_admit
+
+        undo_admit(side.cache, req)
     return "oom"
 
 

@@ -33,7 +33,7 @@ page, 0 where it has none), from the state's pairing or from a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -142,13 +142,22 @@ def vllm_block_table(state: Any, requests: Sequence[RequestId], max_blocks: int 
                      device: str | torch.device = "cpu") -> torch.Tensor:
     """vLLM's ``block_table``: one row of page ids per request, padded with page 0."""
     rows = [request_pages(state, r) for r in requests]
-    width = max((len(r) for r in rows), default=0) if max_blocks is None else max_blocks
-    table = torch.zeros((len(rows), width), dtype=torch.int32)
-    for index, pages in enumerate(rows):
-        if len(pages) > width:
-            raise ValueError(f"request {requests[index]!r} has {len(pages)} blocks, more than {width}")
-        table[index, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
-    return table.to(device)
+    return padded_rows(rows, max_blocks, torch.int32, lambda index, length, width: (
+        f"request {requests[index]!r} has {length} blocks, more than {width}")).to(device)
+
+
+def padded_rows(rows: Sequence[Sequence[int]], width: int | None, dtype: torch.dtype,
+                too_long: Callable[[int, int, int], str]) -> torch.Tensor:
+    """One tensor row per sequence, padded with 0 to ``width`` columns (None: the longest);
+    a row longer than ``width`` is a ``ValueError`` saying ``too_long(index, length, width)``."""
+    columns = max((len(row) for row in rows), default=0) if width is None else width
+    table = torch.zeros((len(rows), columns), dtype=dtype)
+    for index, row in enumerate(rows):
+        if len(row) > columns:
+            raise ValueError(too_long(index, len(row), columns))
+        if row:
+            table[index, : len(row)] = torch.tensor(row, dtype=dtype)
+    return table
 
 
 def vllm_slot_mapping(state: Any, spans: Sequence[tuple[RequestId, int, int]],

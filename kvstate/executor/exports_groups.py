@@ -17,11 +17,11 @@ without that group).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from kvstate.executor.exports import request_pages, vllm_slot_mapping
+from kvstate.executor.exports import padded_rows, request_pages, vllm_slot_mapping
 from kvstate.state import RequestId
 
 
@@ -57,15 +57,8 @@ def vllm_group_block_tables(state: object, request_ids: Sequence[RequestId], num
     tables = []
     for group in range(groups):
         rows = [request_pages(state, group_request(r, group)) for r in request_ids]
-        width = widths[group]
-        columns = max((len(r) for r in rows), default=0) if width is None else width
-        table = torch.zeros((len(rows), columns), dtype=torch.int32)
-        for index, pages in enumerate(rows):
-            if len(pages) > columns:
-                raise ValueError(f"request {request_ids[index]!r} has {len(pages)} blocks in "
-                                 f"group {group}, more than {columns}")
-            table[index, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
-        tables.append(table.to(device))
+        tables.append(padded_rows(rows, widths[group], torch.int32,
+                                  _too_long(request_ids, group)).to(device))
     return tables
 
 
@@ -80,4 +73,12 @@ def vllm_group_slot_mappings(state: object, spans: Sequence[tuple[RequestId, int
             for g in range(_count(num_groups))]
 
 
+def _too_long(request_ids: Sequence[RequestId], group: int) -> Callable[[int, int, int], str]:
+    def message(index: int, length: int, width: int) -> str:
+        return (f"request {request_ids[index]!r} has {length} blocks in group {group}, "
+                f"more than {width}")
+    return message
+
+
 __all__ = ["group_request", "vllm_group_block_tables", "vllm_group_slot_mappings"]
+

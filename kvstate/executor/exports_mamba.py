@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from kvstate.executor.exports import padded_rows
 from kvstate.executor.read_errors import MambaStateLost
 from kvstate.state import RequestId
 
@@ -80,15 +81,8 @@ def sglang_mamba_track_indices(state: Any, requests: Sequence[RequestId],
         _tier(state)
         return _through(mapping, requests).to(torch.int64).to(device)
     tracks = [_entries(state, request)[1:] for request in requests]
-    columns = max((len(t) for t in tracks), default=0) if width is None else width
-    table = torch.zeros((len(tracks), columns), dtype=torch.int64)
-    for index, track in enumerate(tracks):
-        if len(track) > columns:
-            raise ValueError(f"request {requests[index]!r} has {len(track)} track slots, more "
-                             f"than {columns}")
-        if track:
-            table[index, : len(track)] = torch.tensor(track, dtype=torch.int64)
-    return table.to(device)
+    return padded_rows(tracks, width, torch.int64, lambda index, length, columns: (
+        f"request {requests[index]!r} has {length} track slots, more than {columns}")).to(device)
 
 
 def gather_mamba_states(executor: Any, slots: Sequence[int] | torch.Tensor, layer_id: Any

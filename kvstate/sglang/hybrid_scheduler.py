@@ -9,7 +9,8 @@ call with SGLang's (``tools/diff_sglang_hybrid.py``):
   always computed), lock the hit, take a row, then as one decision
   (``UnifiedRadixCache.alloc_for_extend``) evict each pool's shortfall (a
   page more with pages, as ``alloc_extend`` is asked), allocate the extend
-  and write it into the row after the hit's slots;
+  and write it into the row after the hit's slots; ``undo_admit`` gives the
+  row and the lock back when it raised ``MemoryError``;
 * ``prefill_done``: the first output token, then the unfinished checkpoint;
 * ``decode_step``: the out-of-window SWA frees of ``maybe_evict_swa``, then one
   token per request (evicting one page's worth first), as one decision;
@@ -53,6 +54,16 @@ def admit(cache: Any, req: HybridReq) -> torch.Tensor:
     req.kv.kv_allocated_len = req.kv.kv_committed_len = length
     req.extend_end = length
     return int64_tensor(step.slots)
+
+
+def undo_admit(cache: Any, req: HybridReq) -> None:
+    """An admission that did not fit: its row and its lock go back."""
+    if req.kv.req_pool_idx is not None:
+        cache.req_to_token_pool.free(req.kv.req_pool_idx)
+        req.kv.req_pool_idx = None
+    if req.lock is not None:
+        cache.unlock(req.lock)
+        req.lock = None
 
 
 def prefill_done(cache: Any, req: HybridReq, token: int, *, finished: bool = False) -> None:

@@ -208,6 +208,7 @@ class SglangHybridSimulator(PointSimulator):
         if self.plan.rule == "hybrid" and self.plan.has_mamba:
             return self._admit_mamba(index, ids)
         from kvstate.sglang.hybrid_req import HybridReq
+        from kvstate.sglang.hybrid_scheduler import undo_admit
         from kvstate.sglang.unified_flows import checkpoint_kv_cache
 
         chunk = self.plan.prefill_chunk_units
@@ -215,10 +216,7 @@ class SglangHybridSimulator(PointSimulator):
         try:
             self._admit_swa(req, chunk)
         except MemoryError:
-            if req.kv.req_pool_idx is not None:
-                self.cache.req_to_token_pool.free(req.kv.req_pool_idx)
-                req.kv.req_pool_idx = None
-            self.cache.unlock(req.lock)
+            undo_admit(self.cache, req)
             return None, req.prefix_len
         hit = req.prefix_len
         while req.extend_end < len(ids):
