@@ -10,7 +10,9 @@ are in ``kvstate.planner.block``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
+
+import msgspec
 
 from kvstate.planner.alloc import cdiv
 from kvstate.state import ROOT, RequestId
@@ -28,11 +30,12 @@ class BlockChain(Protocol):
     def block_tokens(self, index: int) -> tuple[int, ...]: ...
 
 
-class Running(NamedTuple):
+class Running(msgspec.Struct, frozen=True, gc=False):
     """vLLM's ``num_cached_block`` of a running request, and ``last_node``: the tree node of
     entry ``num_cached - 1`` (ROOT: unknown).  Node ids are never reused, so that memo is
-    right exactly while the node is still in the tree.  (A named tuple: one is made per
-    caching call, and a tuple is several times cheaper to build than an attrs class.)"""
+    right exactly while the node is still in the tree.  (An immutable msgspec struct: one is
+    made per caching call, and a struct is built in C, several times faster than a named
+    tuple or an attrs class; it holds ints only, so the collector need not track it.)"""
 
     num_cached: int = 0
     last_node: int = ROOT

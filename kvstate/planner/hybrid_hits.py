@@ -21,9 +21,11 @@ decisions built on both are in ``kvstate.planner.hybrid_vllm``.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any, NamedTuple, Protocol
+from operator import attrgetter
+from typing import Any, Protocol
 
 import attrs
+import msgspec
 
 from kvstate.planner.alloc import cdiv
 from kvstate.planner.block_hits import NULL, BlockChain, Running
@@ -66,20 +68,24 @@ class HybridLayout:
         return any(rule.kind == MAMBA for rule in self.rules)
 
 
-class GroupCursor(NamedTuple):
+class GroupCursor(msgspec.Struct, frozen=True, gc=False):
     """vLLM's per-group counters of one request.
 
     ``cached``: ``num_cached_block`` (+ tree memo), None while vLLM does not
     track the request (then it is not "running" for that group).  Mamba
     only: ``last_state`` (``last_state_block_idx``), ``retired``
     (``_num_retired_blocks``), ``allocated`` (in ``_allocated_block_reqs``).
-    A named tuple: a decision makes several, and tuples are cheap to build.
+    An immutable msgspec struct: a decision makes several, and a struct is built in C (it
+    holds a ``Running`` and ints, never a cycle, so the collector need not track it).
     """
 
     cached: Running | None = None
     last_state: int | None = None
     retired: int = 0
     allocated: bool = False
+
+
+CACHED = attrgetter("cached")  # a cursor's ``cached`` (C-level, for ``map`` over the groups)
 
 
 class GroupedRequest(Protocol):

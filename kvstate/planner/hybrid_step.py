@@ -150,8 +150,14 @@ def idle_bounds(state: Any, layout: HybridLayout, holders: Sequence[str],
     need_hi = main_hi = cache_hi = remove_hi = FOREVER
     cache_lo = cache_upto
     if layout.caching:
-        least = min(0 if cursor.cached is None else cursor.cached.num_cached
-                    for cursor in cursors)
+        least = FOREVER  # the fewest cached blocks of any group (a loop: no generator frame)
+        for cursor in cursors:
+            cached = cursor.cached
+            if cached is None:
+                least = 0
+                break
+            if cached.num_cached < least:
+                least = cached.num_cached
         cache_hi = (least + 1) * size - 1  # no newly full block to cache
         prompt = (request.num_prompt_tokens - 1) // size * size
         if layout.has_mamba and prompt > 0 and cache_upto < prompt + size and \

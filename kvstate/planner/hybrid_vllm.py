@@ -33,6 +33,7 @@ from kvstate.planner.block import (
 from kvstate.planner.block_hits import NULL, Running, check_hits
 from kvstate.planner.builder import Builder
 from kvstate.planner.hybrid_hits import (
+    CACHED,
     FULL,
     MAMBA,
     SWA,
@@ -95,7 +96,7 @@ def plan_hybrid_allocate(b: Builder, layout: HybridLayout, holders: Sequence[str
                      fresh=fresh) > len(state.free_pages):
         return None, cursors, ()
     size = state.geometry.page_size
-    if hits is not None and all(cursor.cached is None for cursor in cursors):
+    if hits is not None and not any(map(CACHED, cursors)):
         cursors = _hold_hits(b, layout, holders, cursors, hits, num_local, size)
     required = -(-need_slots // size)
     new_pages: list[tuple[int, ...]] = []
@@ -134,8 +135,8 @@ def _hold_hits(b: Builder, layout: HybridLayout, holders: Sequence[str], cursors
         skipped = max(0, skipped_blocks(rule, num_local, size))
         held.append((NULL,) * skipped + tuple(hits[group][skipped:]))
     requests = b.state.requests
-    opened = tuple(holders[group] for group, pages in enumerate(held)
-                   if pages and holders[group] not in requests)
+    opened = tuple([holders[group] for group, pages in enumerate(held)
+                    if pages and holders[group] not in requests])
     if opened:
         b.emit(ReqAlloc(opened))
     page_node = b.state.page_node

@@ -95,7 +95,7 @@ def block_cache(s: Any, event: BlockCache) -> None:
     pruned = 0
     if first_new < len(entries):
         attach = entries[first_new - 1][0] if first_new else event.parent
-        if not any(entry[3] for entry in entries[first_new:]):
+        if not any([entry[3] for entry in entries[first_new:]]):
             # new positions that all get no copy would be created and pruned at once
             pruned, current = len(entries) - first_new, attach
         else:  # new nodes are created whole: their page and one child

@@ -30,7 +30,7 @@ from typing import Any
 
 from kvstate.events import MAX_NAME_CHARS
 from kvstate.planner.alloc import cdiv
-from kvstate.planner.hybrid_hits import MAMBA, GroupCursor, group_holders
+from kvstate.planner.hybrid_hits import CACHED, MAMBA, GroupCursor, group_holders
 from kvstate.planner.hybrid_step import step_is_idle
 from kvstate.planner.hybrid_vllm import (
     plan_hybrid_allocate,
@@ -155,13 +155,13 @@ class HybridKVCacheManager(HybridReads):
         num_hits = 0
         if hits is not None:
             num_hits = len(hits[0])
-            if any(len(group) != num_hits for group in hits):
+            if any([len(group) != num_hits for group in hits]):
                 raise ValueError("hit lists of different lengths per group: "
                                  f"{sorted({len(group) for group in hits})}")
         num_local = check_allocation(
             request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_hits,
             self.block_size, self.max_model_len, self._covered.get(request_id, 0),
-            running_with_hits=num_hits > 0 and any(c.cached is not None for c in cursors))
+            running_with_hits=num_hits > 0 and any(map(CACHED, cursors)))
         main_tokens = num_local + num_new_tokens
         need_slots = main_tokens + num_lookahead_tokens
         if need_slots > self.max_model_len:

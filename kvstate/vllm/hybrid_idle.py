@@ -66,7 +66,7 @@ class IdleSteps:
             need_slots = max_model_len
         if need_slots > need_hi:
             return False
-        num_tokens = request.num_tokens
+        num_tokens = len(request.all_token_ids)  # ``num_tokens`` without a property call
         cache_upto = main_tokens if main_tokens < num_tokens else num_tokens
         if not cache_lo <= cache_upto <= cache_hi or computed < self.covered.get(request_id, 0):
             return False

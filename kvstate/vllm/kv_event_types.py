@@ -95,8 +95,11 @@ class BlockStored(msgspec.Struct, frozen=True, gc=False):
             force_setattr(self, "block_hashes", _hashes(self.block_hashes))
         if type(self.token_ids) is not tuple:
             force_setattr(self, "token_ids", _ints(self.token_ids))
-        if self.extra_keys is not None:
-            force_setattr(self, "extra_keys", _optional_keys(self.extra_keys))
+        extra_keys = self.extra_keys
+        # A tuple of Nones (a chain without extra keys, the usual case) is already stored.
+        if extra_keys is not None and (type(extra_keys) is not tuple
+                                       or extra_keys.count(None) != len(extra_keys)):
+            force_setattr(self, "extra_keys", _optional_keys(extra_keys))
         if self.lookahead_token_ids is not None:
             force_setattr(self, "lookahead_token_ids",
                           _optional_token_lists(self.lookahead_token_ids))
