@@ -351,16 +351,26 @@ class Engine:
 
 class Batch:
     """The handle a planner emits into (``state`` to read, ``emit`` to apply); a context
-    manager that commits the batch when the block ends (``Engine.batch``)."""
+    manager that commits the batch when the block ends (``Engine.batch``).
 
-    __slots__ = ("engine", "_start")
+    ``state`` and ``emit`` are plain attributes, not properties: planners read ``b.state``
+    many times per decision.  On the live backend they are the engine's live state and its
+    own ``emit`` (the state object does not change inside a batch); on the persistent one
+    ``emit`` also refreshes ``state`` to the new value.
+    """
+
+    __slots__ = ("engine", "_start", "state", "emit")
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._start: tuple[State, int, int | None] | None = None
+        self.state: Any = engine.view
+        self.emit: Callable[[Event], None] = (
+            engine.emit if engine.backend == "live" else self._emit_and_refresh)
 
     def __enter__(self) -> Batch:
         self._start = self.engine._open_batch()
+        self.state = self.engine.view
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
@@ -370,15 +380,12 @@ class Batch:
         self.engine._close_batch(start, error)
 
     @property
-    def state(self) -> Any:
-        return self.engine.view
-
-    @property
     def events(self) -> list[Event]:
         return self.engine._batch or []
 
-    def emit(self, event: Event) -> None:
+    def _emit_and_refresh(self, event: Event) -> None:
         self.engine.emit(event)
+        self.state = self.engine.view
 
 
 _JOURNAL_LIMIT = 1 << 16

@@ -319,6 +319,14 @@ def expand_pages(pages: Sequence[int], page_size: int) -> tuple[int, ...]:
     return tuple(chain.from_iterable(range(p * page_size, p * page_size + page_size) for p in pages))
 
 
+def pages_of(slots: Sequence[int], page_size: int) -> list[int]:
+    """The page of every ``page_size``-th slot: the pages of slots that follow whole pages
+    (at page 1, the slots themselves, copied in C)."""
+    if page_size == 1:
+        return list(slots)
+    return [slot // page_size for slot in slots[::page_size]]
+
+
 def slot_span(pages: Sequence[int], page_size: int, start: int, stop: int) -> tuple[int, ...]:
     """Slots of token positions ``[start, stop)`` of a page table (positions from 0)."""
     if stop <= start:

@@ -31,7 +31,7 @@ from kvstate.planner.mamba_match import state_of
 from kvstate.planner.swa_insert import InsertSpec, free_full, plan_unified_insert
 from kvstate.planner.swa_match import split_node
 from kvstate.planner.tree_ops import common_prefix
-from kvstate.state import ROOT, RequestId
+from kvstate.state import ROOT, RequestId, expand_pages
 
 
 @attrs.frozen
@@ -81,7 +81,7 @@ def _walk(b: Builder, tokens: tuple[int, ...], values: list[int], owner: Request
         if child_id is None:
             break
         b.emit(Touch((child_id,), b.state.clock + 1))
-        matched = common_prefix(b.state.nodes[child_id].key, tokens[total:]) // size * size
+        matched = common_prefix(b.state.nodes[child_id].key, tokens, total) // size * size
         if matched < len(b.state.nodes[child_id].key):
             child_id = split_node(b, child_id, matched)
         start = total + max(0, spec.prev_prefix_len - total)
@@ -90,7 +90,7 @@ def _walk(b: Builder, tokens: tuple[int, ...], values: list[int], owner: Request
         node_id, total = child_id, total + matched
     if total < len(tokens):
         new_id = b.state.next_node_id
-        slots = tuple(page * size + k for page in values[total // size:] for k in range(size))
+        slots = expand_pages(values[total // size:], size)
         b.emit(Insert(node_id, tokens[total:], slots, new_id, b.state.clock + 1, owner))
         node_id = new_id
     return node_id, total

@@ -89,7 +89,7 @@ def plan_mamba_match(b: Builder, key: Sequence[int], *, grid: int,
         if child_id is None:
             break
         child = b.state.nodes[child_id]
-        matched = common_prefix(child.key, tokens[position:]) // size * size
+        matched = common_prefix(child.key, tokens, position) // size * size
         full_hit += matched
         partial = matched < len(child.key)
         if partial:

@@ -34,7 +34,7 @@ from kvstate.events import Free, FreeMapped, Insert, SwaAdopt, SwaFree, SwaRebin
 from kvstate.planner.builder import Builder
 from kvstate.planner.swa_match import refresh_window, split_node
 from kvstate.planner.tree_ops import common_prefix
-from kvstate.state import DETACHED, ROOT, RequestId
+from kvstate.state import DETACHED, ROOT, RequestId, expand_pages
 
 
 @attrs.frozen
@@ -74,7 +74,7 @@ def plan_unified_insert(b: Builder, key: Sequence[int], pages: Sequence[int], ow
             break
         b.emit(Touch((child_id,), b.state.clock + 1))
         child = b.state.nodes[child_id]
-        matched = common_prefix(child.key, tokens[total:]) // size * size
+        matched = common_prefix(child.key, tokens, total) // size * size
         if matched < len(child.key):
             child_id = split_node(b, child_id, matched)
         consumed = _overlap(b, child_id, total, matched, values, owner, spec)
@@ -152,8 +152,7 @@ def _insert(b: Builder, parent: int, tokens: tuple[int, ...], values: list[int],
             stop: int, owner: RequestId) -> int:
     size = b.state.geometry.page_size
     node_id = b.state.next_node_id
-    slots = tuple(page * size + k for page in values[start // size: stop // size]
-                  for k in range(size))
+    slots = expand_pages(values[start // size: stop // size], size)
     b.emit(Insert(parent, tokens[start:stop], slots, node_id, b.state.clock + 1, owner))
     return int(node_id)
 

@@ -22,6 +22,7 @@ window's boundary ``uuid``.  Release is ``SwaUnlock`` first, then ``Unlock``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import attrs
@@ -76,7 +77,7 @@ def plan_unified_match(b: Builder, key: Sequence[int], *, window: int) -> Unifie
         if child_id is None:
             break
         child = b.state.nodes[child_id]
-        matched = common_prefix(child.key, tokens[position:]) // size * size
+        matched = common_prefix(child.key, tokens, position) // size * size
         full_hit += matched
         if matched < len(child.key):
             child_id = _split(b, child_id, matched)
@@ -145,7 +146,7 @@ def refresh_window(b: Builder, node_id: int, window: int) -> None:
 def path_slots(state: Any, node_id: int) -> tuple[int, ...]:
     """Every FULL slot on the path from the root to ``node_id``."""
     nodes = state.nodes
-    pages = [page for n in reversed(_path(nodes, node_id)) for page in nodes[n].pages]
+    pages = list(chain.from_iterable([nodes[n].pages for n in reversed(_path(nodes, node_id))]))
     return expand_pages(pages, state.geometry.page_size)
 
 

@@ -46,19 +46,20 @@ class InsertResult:
     last_node: int
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix, by slice compares (C speed)."""
-    limit = min(len(a), len(b))
-    if a[:limit] == b[:limit]:
+def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
+    """Length of the longest common prefix of ``a`` and ``b[start:]``, by slice compares (C
+    speed; ``b`` is sliced only as far as ``a`` reaches, never copied whole)."""
+    limit = max(0, min(len(a), len(b) - start))
+    if a[:limit] == b[start:start + limit]:
         return limit
-    low, high = 0, limit  # a[:low] == b[:low], a[:high] != b[:high]
+    low, high = 0, limit  # a[:low] == b[start:][:low], a[:high] != b[start:][:high]
     step = 64  # find the first differing chunk by scanning, then bisect inside it
-    while high - low > step and a[low:low + step] == b[low:low + step]:
+    while high - low > step and a[low:low + step] == b[start + low:start + low + step]:
         low += step
     high = min(high, low + step)
     while high - low > 1:
         mid = (low + high) // 2
-        if a[:mid] == b[:mid]:
+        if a[:mid] == b[start:start + mid]:
             low = mid
         else:
             high = mid

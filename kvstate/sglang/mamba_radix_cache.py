@@ -49,7 +49,7 @@ from kvstate.sglang.params import EvictResult, InsertResult, MatchResult
 from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
 from kvstate.sglang.tree_view import TreeNode
 from kvstate.sglang.unified_radix_cache import UnifiedRadixCache
-from kvstate.state import ROOT
+from kvstate.state import ROOT, pages_of
 
 MAMBA_TRACK_INTERVAL = 256  # 0.5.23's default mamba_track_interval
 FLA_CHUNK_SIZE = 64  # the chunk 0.5.23 assumes when the model config names none
@@ -199,7 +199,7 @@ class MambaUnifiedRadixCache(MambaFlows, UnifiedRadixCache):
         slots = int_list(params.value, "insert value")
         if len(slots) < aligned:
             raise ValueError(f"insert value has {len(slots)} slots for a {aligned}-token key")
-        pages = [slot // size for slot in slots[:aligned:size]]
+        pages = pages_of(slots[:aligned], size)
         prev = as_int(getattr(params, "prev_prefix_len", 0) or 0, "prev_prefix_len")
         owner = self._owner(pages[min(prev, aligned) // size:], slots[:aligned])
         getter = getattr(params, "get_evicted_seqlen", None)

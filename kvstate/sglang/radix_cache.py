@@ -40,7 +40,7 @@ from kvstate.sglang.params import (
 )
 from kvstate.sglang.pool import ReqToTokenPool
 from kvstate.sglang.tree_view import TreeNode
-from kvstate.state import DETACHED, ROOT, expand_pages, path_to_root
+from kvstate.state import DETACHED, ROOT, expand_pages, pages_of, path_to_root
 
 _POLICIES = {"lru": lru_priority, "fifo": fifo_priority}
 _NO_MATCH = PlannedMatch((), ROOT, 0)
@@ -161,7 +161,7 @@ class RadixCache(RequestFlows, FrontEndMixin):
         if not new:
             return DETACHED
         size = self.page_size
-        pages = [slot // size for slot in new[::size]]
+        pages = pages_of(new, size)
         if expand_pages(pages, size) != tuple(new) or start % size:
             raise ValueError(f"insert value slots {new[:8]}... are not whole pages in key order")
         if len(set(pages)) != len(pages):

@@ -22,6 +22,7 @@ handles where 0.5.23 returns node ids:
 
 from __future__ import annotations
 
+from operator import sub
 from typing import Any
 
 import torch
@@ -45,7 +46,7 @@ from kvstate.sglang.pool import ReqToTokenPool
 from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
 from kvstate.sglang.tree_view import TreeNode
 from kvstate.sglang.unified_flows import UnifiedFlows
-from kvstate.state import DETACHED, ROOT
+from kvstate.state import DETACHED, ROOT, pages_of
 
 
 class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
@@ -158,7 +159,7 @@ class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
         slots = int_list(params.value, "insert value")
         if len(slots) < aligned:
             raise ValueError(f"insert value has {len(slots)} slots for a {aligned}-token key")
-        pages = [slot // size for slot in slots[:aligned:size]]
+        pages = pages_of(slots[:aligned], size)
         prev = as_int(getattr(params, "prev_prefix_len", 0) or 0, "prev_prefix_len")
         cursor = _evicted_seqlen(params)
         owner = self._owner(pages[min(prev, aligned) // size:], slots[:aligned])
@@ -173,11 +174,12 @@ class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
     def _owner(self, pages: list[int], slots: list[int]) -> Any:
         """Who holds the pages the insert may take or free (checked before any event)."""
         size = self.page_size
-        if any(slot % size != index % size for index, slot in enumerate(slots)):
+        # every slot at its index's offset in a page: (slot - index) % size == 0, in C
+        if size > 1 and any(map(size.__rmod__, map(sub, slots, range(len(slots))))):
             raise ValueError("insert value slots do not follow whole pages in key order")
         view = self.engine.view
-        owners = {view.holders.get(page) for page in pages}
-        if any(page in view.page_node for page in pages) or len(owners) > 1 or (
+        owners = set(map(view.holders.get, pages))
+        if any(map(view.page_node.__contains__, pages)) or len(owners) > 1 or (
                 owners and None in owners) or len(set(pages)) != len(pages):
             raise ValueError("an insert value's pages past prev_prefix_len must be held by one "
                              "owner, outside the tree, each once")
