@@ -178,3 +178,28 @@ def test_allocator_frees_follow_sglang(page_size):
         assert (full[:2], swa[:2]) == ([2, 3], [2, 3])
     assert allocator.full_available_size() == 64 - page_size
     assert allocator.available_size() == allocator.swa_available_size() == 32 - page_size
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_insert_refuses_values_it_cannot_own_and_changes_nothing(page_size):
+    """An insert value must be whole pages in key order, held by one owner, outside the tree,
+    each page once; anything else is a ValueError before the first event."""
+    cache = build(page_size)
+    allocator = cache.token_to_kv_pool_allocator
+    tokens = list(range(300, 308))
+    insert_fresh(cache, tokens)  # these slots now belong to the tree
+    in_tree = [int(s) for s in cache.path_device_indices(
+        cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens))).last_device_node)]
+    fresh = [int(s) for s in allocator.alloc(8)]
+    bad = [in_tree,  # pages the tree already holds
+           fresh[:4] + fresh[:4]]  # one page twice
+    if page_size > 1:
+        bad.append([fresh[1], fresh[0], *fresh[2:8]])  # slots out of their page offsets
+    key = list(range(500, 508))
+    for value in bad:
+        before = (cache.engine.seq, cache.engine.state.fingerprint())
+        with pytest.raises(ValueError):
+            cache.insert(HybridInsertParams(key=RadixKey(key), value=value))
+        assert (cache.engine.seq, cache.engine.state.fingerprint()) == before
+    done = cache.insert(HybridInsertParams(key=RadixKey(key), value=fresh))
+    assert done.prefix_len == 0  # a good value still inserts
