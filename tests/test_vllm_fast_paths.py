@@ -93,3 +93,35 @@ def test_group_chains_share_token_tuples() -> None:
     assert list(chain.block_token_keys) == [tuple(range(16)), tuple(range(16, 32))]
     assert chain.block_keys[0] == block_child_key(tuple(range(16)), (("group", 1),))
     assert chain.block_extra_keys[0] is Request("s", [1] * 16, 16).group_chain(1).block_extra_keys[0]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_one_group_idle_shortcut_changes_nothing(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-group manager's decode shortcut (``allocation_is_idle``) never changes what a
+    call does: the differential's random scheduler sequences traced as shipped and with the
+    shortcut off give the same results, free queue, ``ref_cnt``, tables and KV events."""
+    import random
+
+    import kvstate.vllm.manager as manager_module
+    from tools.diff_vllm import kvstate_side, make_ops
+
+    rng = random.Random(seed)
+    config = {"seed": seed, "block_size": rng.choice([2, 4, 16]),
+              "num_blocks": rng.choice([11, 24, 64]), "max_model_len": 4096,
+              "enable_caching": seed % 4 != 3, "sliding_window": 0}
+    ops = make_ops(seed, 150, vocab=6, block_size=config["block_size"])
+    taken = []
+    original = manager_module.allocation_is_idle
+
+    def counted(*args: object, **kwargs: object) -> bool:
+        idle = original(*args, **kwargs)  # type: ignore[arg-type]
+        taken.append(idle)
+        return idle
+
+    monkeypatch.setattr(manager_module, "allocation_is_idle", counted)
+    shipped, problems = kvstate_side(config, ops)
+    assert problems == [] and any(taken)  # the shortcut was taken, and kept the invariants
+    monkeypatch.setattr(manager_module, "allocation_is_idle", lambda *a, **k: False)
+    planned, problems = kvstate_side(config, ops)
+    assert problems == []
+    assert shipped == planned

@@ -24,6 +24,7 @@ vLLM's per-request ``num_cached_block`` is an input and an output
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -248,6 +249,23 @@ def plan_allocate_slots(b: Builder, request_id: RequestId, chain: BlockChain,
     if caching:
         running = plan_cache_blocks(b, request_id, chain, running, cache_upto)
     return Allocation(tuple(new_pages), running)
+
+
+def allocation_is_idle(state: Any, request_id: RequestId, chain: BlockChain,
+                       running: Running | None, *, need_slots: int, cache_upto: int,
+                       caching: bool) -> bool:
+    """Whether ``plan_allocate_slots`` without hits, without the full-sequence check and
+    without a window would emit nothing and keep ``running`` (most decode steps: the table
+    already covers ``need_slots`` and no block became full).  Reads only; False is always
+    safe (the caller then plans in full)."""
+    record = state.requests.get(request_id)
+    if record is None:
+        return False
+    size = state.geometry.page_size
+    if -(-need_slots // size) > len(record.pages):
+        return False  # the table grows
+    num_cached = 0 if running is None else running.num_cached
+    return not caching or num_cached >= min(cache_upto, len(chain.block_keys) * size) // size
 
 
 def plan_free_request(b: Builder, request_id: RequestId, *, caching: bool) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from operator import is_
-from typing import Any
 
 import msgspec
 
@@ -37,6 +36,7 @@ from kvstate.planner.block import (
     plan_uncache,
 )
 from kvstate.state import DETACHED, Geometry
+from kvstate.vllm.call_batch import CallBatch
 from kvstate.vllm.events_bridge import NodeHashes
 from kvstate.vllm.hashing import HashAlgo, block_hash_with_group_id
 from kvstate.vllm.kv_events import KVCacheEvent
@@ -216,7 +216,7 @@ class BlockPool:
             pages = [page if keep else 0 for page, keep in zip(pages, block_mask, strict=True)]
         chain = request if self.num_kv_cache_groups is None else \
             request.group_chain(kv_cache_group_id)
-        with self.offer_hashes(request), self.engine.batch() as b:
+        with CallBatch(self.engine, self.hashes, request) as b:
             plan_cache_chain(b, chain, pages, num_cached_blocks, num_full_blocks)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
@@ -239,13 +239,6 @@ class BlockPool:
             return plan_reset(b)
 
     # -- for the manager -------------------------------------------------------------
-    def offer_hashes(self, request: Any) -> _Offer:
-        """Context: the next batch caches along ``request``'s chain, whose hashes it knows.
-
-        Commits nothing (it only spares the listener rehashing known blocks).
-        """
-        return _Offer(self.hashes, request)
-
     def _check_groups(self, group_ids: Sequence[int]) -> None:
         count = self.num_kv_cache_groups
         if count is None:
@@ -275,22 +268,3 @@ class BlockPool:
             if keep_null or block.block_id != 0:
                 out.append(block.block_id)
         return out
-
-
-class _Offer:
-    """Offers a request's block hashes to the listener for one batch, and withdraws them after
-    (also when the batch fails, so a later batch never sees stale hints)."""
-
-    __slots__ = ("hashes", "request")
-
-    def __init__(self, hashes: NodeHashes, request: Any) -> None:
-        self.hashes = hashes
-        self.request = request
-
-    def __enter__(self) -> None:
-        self.hashes.hints = self.request.block_hashes
-        self.hashes.lora_id = getattr(self.request, "lora_id", None)
-
-    def __exit__(self, *exc: object) -> None:
-        self.hashes.hints = None
-        self.hashes.lora_id = None

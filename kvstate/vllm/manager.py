@@ -30,6 +30,7 @@ from typing import Any, overload
 from kvstate.engine import Engine
 from kvstate.planner.alloc import cdiv
 from kvstate.planner.block import (
+    allocation_is_idle,
     plan_allocate_slots,
     plan_cache_blocks,
     plan_free_request,
@@ -38,6 +39,7 @@ from kvstate.planner.block import (
 from kvstate.planner.block_hits import Running, blocks_to_allocate, cached_prefix
 from kvstate.vllm.block_pool import BlockPool, KVCacheBlock
 from kvstate.vllm.blocks import EMPTY_BLOCKS, KVCacheBlocks
+from kvstate.vllm.call_batch import CallBatch
 from kvstate.vllm.hashing import HashAlgo
 from kvstate.vllm.kv_cache_interface import KVCacheConfig
 from kvstate.vllm.kv_event_types import with_spec
@@ -231,12 +233,18 @@ class KVCacheManager:
                                      num_lookahead_tokens, len(hits or ()), self.block_size,
                                      self.max_model_len, self._covered.get(request_id, 0),
                                      running_with_hits=running is not None and bool(hits))
-        with self.block_pool.offer_hashes(request), self.engine.batch() as b:
+        need_slots = min(num_local + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        cache_upto = min(num_local + num_new_tokens, request.num_tokens)
+        if hits is None and not full_sequence_must_fit and self.sliding_window is None and \
+                allocation_is_idle(self.engine.view, request_id, request, running,
+                                   need_slots=need_slots, cache_upto=cache_upto,
+                                   caching=self.enable_caching):
+            self._covered[request_id] = cache_upto  # a decode step inside a block: no change
+            return EMPTY_BLOCKS
+        with CallBatch(self.engine, self.block_pool.hashes, request) as b:
             done = plan_allocate_slots(
                 b, request_id, request, running, hits, num_local=num_local,
-                need_slots=min(num_local + num_new_tokens + num_lookahead_tokens,
-                               self.max_model_len),
-                cache_upto=min(num_local + num_new_tokens, request.num_tokens),
+                need_slots=need_slots, cache_upto=cache_upto,
                 remove_upto=max(0, num_local - request.num_in_flight_tokens),
                 window=self.sliding_window, caching=self.enable_caching,
                 full_tokens=min(request.num_tokens, self.max_model_len)
@@ -245,7 +253,7 @@ class KVCacheManager:
             return None
         if done.running is not None:
             self.running[request_id] = done.running
-        self._covered[request_id] = min(num_local + num_new_tokens, request.num_tokens)
+        self._covered[request_id] = cache_upto
         if not done.new_pages:
             return EMPTY_BLOCKS
         blocks = self.block_pool.blocks
@@ -257,7 +265,7 @@ class KVCacheManager:
         Commits one ``BlockCache`` when there is a new full block.
         """
         request_id = request.request_id
-        with self.block_pool.offer_hashes(request), self.engine.batch() as b:
+        with CallBatch(self.engine, self.block_pool.hashes, request) as b:
             running = plan_cache_blocks(b, request_id, request, self.running.get(request_id),
                                         num_tokens)
         if running is not None:
@@ -268,7 +276,7 @@ class KVCacheManager:
 
         Commits ``BlockRelease`` (sliding window only).
         """
-        with self.engine.batch() as b:
+        with CallBatch(self.engine) as b:
             plan_remove_skipped(b, request_id, num_computed_tokens, window=self.sliding_window,
                                 caching=self.enable_caching)
 
@@ -279,7 +287,7 @@ class KVCacheManager:
         Commits ``BlockRelease`` closing the request's table (when it has one).
         """
         request_id = request if isinstance(request, str) else request.request_id
-        with self.engine.batch() as b:
+        with CallBatch(self.engine) as b:
             plan_free_request(b, request_id, caching=self.enable_caching)
         self.running.pop(request_id, None)
         self._covered.pop(request_id, None)
