@@ -153,3 +153,70 @@ def test_refused_allocation_keeps_only_the_window_release() -> None:
     assert len(manager.engine.events) == events + 1
     assert manager.block_pool.free_block_ids() == [1]
     assert check(manager.engine.view) == []
+
+
+class _FailingListener:
+    """Fails at the commit of every ``every``-th batch it sees (then the engine detaches it)."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.seen = every, 0
+
+    def after(self, events: Any, view: Any) -> None:
+        self.seen += 1
+        if self.seen % self.every == 0:
+            raise RuntimeError("listener failure")
+
+
+def _serve(manager: Any, failing: bool) -> list[Any]:
+    """A scheduler-like run (admissions with hits, decodes, frees); with ``failing``, a listener
+    that keeps failing at commits is re-attached after each failure."""
+    from kvstate.engine import ListenerError
+
+    listener = _FailingListener(3)
+    trace: list[Any] = []
+
+    def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if failing and listener not in manager.engine._listeners:
+            manager.engine.subscribe(listener)
+        try:
+            return fn(*args, **kwargs)
+        except ListenerError:
+            assert failing
+            return "listener failed"  # the call's events were applied
+
+    live: list[Request] = []
+    for index in range(40):
+        request = Request(f"r{index}", [index % 3] * 8 + list(range(index, index + 5)), 4,
+                          hash_seed="0")
+        blocks, hit, _ = manager.get_computed_blocks(request)
+        if call(manager.allocate_slots, request, request.num_tokens - hit, hit, blocks,
+                full_sequence_must_fit=True) is not None:
+            request.num_computed_tokens = request.num_tokens
+            live.append(request)
+        for running in live:
+            running.append_output_token_ids(index)
+            call(manager.allocate_slots, running, 1)
+            running.num_computed_tokens += 1
+        if len(live) > 4:
+            call(manager.free, live.pop(0))
+        trace.append((manager.block_pool.free_block_ids(),
+                      [manager.get_block_ids(r.request_id) for r in live]))
+        assert list(check(manager.engine.view)) == []
+    return trace
+
+
+@pytest.mark.parametrize("layout", ["full", "full+swa", "full+mamba"])
+def test_a_failing_listener_leaves_the_manager_in_step_with_its_state(layout: str) -> None:
+    """A listener failing at a commit raises ``ListenerError`` after the call's events are
+    applied; the manager's own counters must follow those events, so the run goes on exactly
+    as one without the failing listener."""
+    from tests.vllm_helpers import FULL, MAMBA, SWA, hybrid_config
+
+    def build() -> Any:
+        if layout == "full":
+            return KVCacheManager(64, 4, 1024, enable_kv_cache_events=True, hash_seed="0")
+        specs = (FULL, SWA) if layout == "full+swa" else (FULL, MAMBA)
+        return KVCacheManager(hybrid_config(*specs, num_blocks=128), 1024, 4, 4,
+                              enable_kv_cache_events=True, hash_seed="0")
+
+    assert _serve(build(), failing=True) == _serve(build(), failing=False)

@@ -162,7 +162,7 @@ class RadixCache(RequestFlows, FrontEndMixin):
             return DETACHED
         size = self.page_size
         pages = pages_of(new, size)
-        if expand_pages(pages, size) != tuple(new) or start % size:
+        if size > 1 and (expand_pages(pages, size) != tuple(new) or start % size):
             raise ValueError(f"insert value slots {new[:8]}... are not whole pages in key order")
         if len(set(pages)) != len(pages):
             raise ValueError("insert value maps one page twice")

@@ -73,8 +73,6 @@ class MappingMirror:
     before_events = _UNPAIRING  # the engine calls ``before`` for these alone
 
     def before(self, event: Event, view: Any) -> None:
-        if type(event) not in _UNPAIRING:
-            return
         pages: list[int] | None
         if isinstance(event, (SwaFree, SwaRebind)):
             pages = list(event.pages)

@@ -57,8 +57,8 @@ class TableMirror:
 
     before_events = (Allocate,)  # the engine calls ``before`` for these alone
 
-    def before(self, event: Event, view: Any) -> None:
-        if type(event) is Allocate and event.items:
+    def before(self, event: Allocate, view: Any) -> None:
+        if event.items:
             self._prepared.append((event, _allocate_writes(event, view)))
 
     def discard(self, event: Event) -> None:

@@ -187,14 +187,17 @@ class HybridKVCacheManager(HybridReads):
                 need_slots=need_slots, main_tokens=main_tokens, cache_upto=cache_upto,
                 remove_upto=remove_upto, full_tokens=full, fresh=self.fresh_states,
                 hits_found_here=found_here)
-        self._track(request_id, holders, cursors)
-        if fresh:
-            self.fresh_states.update(fresh)
+            # Book-keeping inside the batch: a listener failing at its commit raises after
+            # the events are applied, and the cursors must follow them.
+            self._track(request_id, holders, cursors)
+            if fresh:
+                self.fresh_states.update(fresh)
+            if new_pages is not None:
+                self._covered[request_id] = cache_upto
+                self.idle_steps.remember(self.engine.view, holders, request, cursors,
+                                         cache_upto, remove_upto)
         if new_pages is None:
             return None
-        self._covered[request_id] = cache_upto
-        self.idle_steps.remember(self.engine.view, holders, request, cursors, cache_upto,
-                                 remove_upto)
         return self._blocks(new_pages)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
@@ -211,8 +214,8 @@ class HybridKVCacheManager(HybridReads):
         with CallBatch(self.engine, self.block_pool.hashes, request) as b:
             cursors, fresh = plan_hybrid_cache(b, self.layout, holders, request,
                                                self._cursors(request_id), num_tokens)
-        self._track(request_id, holders, cursors)
-        self.fresh_states.update(fresh)
+            self._track(request_id, holders, cursors)  # inside: see ``allocate_slots``
+            self.fresh_states.update(fresh)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Free what each group no longer reads at ``num_computed_tokens`` (sliding windows:
@@ -222,7 +225,7 @@ class HybridKVCacheManager(HybridReads):
         with CallBatch(self.engine) as b:
             cursors = plan_hybrid_remove_skipped(b, self.layout, holders,
                                                  self._cursors(request_id), num_computed_tokens)
-        self._track(request_id, holders, cursors)
+            self._track(request_id, holders, cursors)  # inside: see ``allocate_slots``
 
     def free(self, request: Request | str) -> None:
         """Free the request group by group, each table last block first, and forget it.
@@ -233,9 +236,9 @@ class HybridKVCacheManager(HybridReads):
         self.idle_steps.drop(request_id)
         with CallBatch(self.engine) as b:
             plan_hybrid_free(b, self._holders(request_id), caching=self.enable_caching)
-        self.cursors.pop(request_id, None)
-        self.holders.pop(request_id, None)
-        self._covered.pop(request_id, None)
+            self.cursors.pop(request_id, None)  # inside: see ``allocate_slots``
+            self.holders.pop(request_id, None)
+            self._covered.pop(request_id, None)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Uncache the given blocks (commits ``BlockUncache``); a held block may lose its cache

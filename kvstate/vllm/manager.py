@@ -249,11 +249,14 @@ class KVCacheManager:
                 window=self.sliding_window, caching=self.enable_caching,
                 full_tokens=min(request.num_tokens, self.max_model_len)
                 if full_sequence_must_fit else None, cap=self.admission_cap)
+            # Book-keeping inside the batch: a listener failing at its commit raises after
+            # the events are applied, and these counters must follow them.
+            if done is not None:
+                if done.running is not None:
+                    self.running[request_id] = done.running
+                self._covered[request_id] = cache_upto
         if done is None:
             return None
-        if done.running is not None:
-            self.running[request_id] = done.running
-        self._covered[request_id] = cache_upto
         if not done.new_pages:
             return EMPTY_BLOCKS
         blocks = self.block_pool.blocks
@@ -268,8 +271,8 @@ class KVCacheManager:
         with CallBatch(self.engine, self.block_pool.hashes, request) as b:
             running = plan_cache_blocks(b, request_id, request, self.running.get(request_id),
                                         num_tokens)
-        if running is not None:
-            self.running[request_id] = running
+            if running is not None:
+                self.running[request_id] = running
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Replace out-of-window blocks with the null block and free them, highest index first.
@@ -289,8 +292,8 @@ class KVCacheManager:
         request_id = request if isinstance(request, str) else request.request_id
         with CallBatch(self.engine) as b:
             plan_free_request(b, request_id, caching=self.enable_caching)
-        self.running.pop(request_id, None)
-        self._covered.pop(request_id, None)
+            self.running.pop(request_id, None)
+            self._covered.pop(request_id, None)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Uncache the given blocks; commits ``BlockUncache`` (see ``BlockPool.evict_blocks``)."""
