@@ -109,7 +109,7 @@ class Engine:
         self._keep_events = keep_events
         self._initial = state
         self._events: list[Event] = []
-        self._listeners: list[Any] = []
+        self._listeners: tuple[Any, ...] = ()  # replaced, never mutated: a commit iterates it
         # (listener, the event types its ``before`` acts on, or None for all)
         self._befores: list[tuple[Any, frozenset[type] | None]] = []
         self._broken: BaseException | None = None
@@ -191,15 +191,15 @@ class Engine:
             if not callable(listener):
                 raise TypeError("a listener needs an after(events, view) method or must be callable")
             listener = _CallableListener(listener)
-        self._listeners.append(listener)
+        self._listeners = (*self._listeners, listener)
         if hasattr(listener, "before"):
             kinds = getattr(listener, "before_events", None)
             self._befores.append((listener, None if kinds is None else frozenset(kinds)))
 
     def unsubscribe(self, listener: Any) -> None:
-        for entry in list(self._listeners):
+        for index, entry in enumerate(self._listeners):
             if entry is listener or getattr(entry, "fn", None) is listener:
-                self._listeners.remove(entry)
+                self._listeners = self._listeners[:index] + self._listeners[index + 1:]
                 self._befores = [hook for hook in self._befores if hook[0] is not entry]
                 return
         raise ValueError(f"{listener!r} is not subscribed")
@@ -299,7 +299,7 @@ class Engine:
                 self._verify()
         failures: list[ListenerError] | None = None
         view = self._live if self._live is not None else self._current
-        for listener in tuple(self._listeners):
+        for listener in self._listeners:
             try:
                 listener.after(events, view)
             except Exception as exc:  # a failing listener is detached, the others still run

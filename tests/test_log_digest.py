@@ -18,9 +18,10 @@ from log_helpers import planner_workload
 
 from kvstate.cli import main
 from kvstate.engine import Engine
-from kvstate.events import Event, encode_event
+from kvstate.events import Event
+from kvstate.events.codec import CODEC
 from kvstate.log import Checkpoint, EndRecord, LogReader, Recorder, write_log
-from kvstate.log.format import FRAME, PREAMBLE_SIZE, frame
+from kvstate.log.format import BLOCK_PREFIX, FRAME, PREAMBLE_SIZE, frame
 from kvstate.log.verify import verify_log
 from kvstate.replay import replay_path
 
@@ -69,13 +70,18 @@ def test_a_recorded_run_carries_digests(tmp_path):
 
 
 def _edit(path: Path, target: Path, index: int, new: Event) -> int:
-    """Re-frame event ``index`` of ``path`` as ``new`` (valid CRC); returns its offset."""
+    """Re-frame the event block holding event ``index`` of ``path`` with that event replaced
+    by ``new`` (valid CRC); returns the block's offset."""
     data = path.read_bytes()
     with LogReader(path) as reader:
-        offsets = [o for o, item in reader.records() if isinstance(item, Event)]
-    start = offsets[index]
+        located = [(o, item) for o, item in reader.records() if isinstance(item, Event)]
+    start = located[index][0]
+    block = [item for o, item in located if o == start]
+    block[index - [o for o, _ in located].index(start)] = new
+    body = bytearray(BLOCK_PREFIX)
+    CODEC.encode_plain_list(block, body)
     length, _ = FRAME.unpack_from(data, start)
-    target.write_bytes(data[:start] + frame(encode_event(new)) + data[start + FRAME.size + length:])
+    target.write_bytes(data[:start] + frame(bytes(body)) + data[start + FRAME.size + length:])
     return start
 
 

@@ -238,15 +238,40 @@ def test_recorder_flush_policy_and_fsync_on_close(tmp_path, monkeypatch):
     assert len(read_events(path)[1]) == 39
 
 
-def test_recorder_small_flush_bytes_flushes_as_it_goes(tmp_path):
+def test_recorder_small_blocks_and_flush_bytes_flush_as_it_goes(tmp_path):
     engine = Engine(Geometry(num_pages=64))
     path = tmp_path / "f.kvlog"
-    recorder = Recorder(engine, path, checkpoint_every=0, flush_bytes=1)
+    recorder = Recorder(engine, path, checkpoint_every=0, flush_bytes=1, block_events=1)
     engine.apply(Allocate((1,)))
     first = path.stat().st_size
     engine.apply(Allocate((2,)))
     assert path.stat().st_size > first
     recorder.close()
+    assert read_events(path)[1] == [Allocate((1,)), Allocate((2,))]
+
+
+def test_recorder_holds_events_until_its_block_is_sealed(tmp_path):
+    engine = Engine(Geometry(num_pages=64))
+    path = tmp_path / "b.kvlog"
+    recorder = Recorder(engine, path, checkpoint_every=0, flush_bytes=1, block_events=3)
+    engine.apply(Allocate((1,)))
+    header_only = path.stat().st_size
+    engine.apply(Allocate((2,)))
+    assert path.stat().st_size == header_only and recorder.writer.pending == [
+        Allocate((1,)), Allocate((2,))]
+    with engine.batch() as batch:  # a block ends at a batch boundary, never inside a batch
+        batch.emit(Allocate((3,)))
+        batch.emit(Allocate((4,)))
+    assert path.stat().st_size > header_only and recorder.writer.pending == []
+    recorder.flush()  # nothing pending: no empty block
+    engine.apply(Allocate((5,)))
+    recorder.flush()  # seals the pending event
+    recorder.close()
+    with LogReader(path) as reader:
+        offsets = [offset for offset, item in reader.records() if isinstance(item, Event)]
+    assert len(offsets) == 5 and len(set(offsets)) == 2
+    with pytest.raises(ValueError, match="block_events"):
+        Recorder(engine, tmp_path / "x.kvlog", block_events=0)
 
 
 def test_writer_close_without_end_reads_as_truncated(tmp_path):
@@ -316,13 +341,14 @@ def test_upcaster_chain_brings_an_old_record_to_the_current_version():
 # -- golden: committed logs keep decoding, and encode to the same bytes ------------------
 GOLDEN = sorted((REPO / "replay" / "seed").glob("*.kvlog")) + sorted(
     (REPO / "replay" / "synthetic").glob("*.kvlog"))
+FORMAT3 = sorted((REPO / "replay" / "format3").glob("*.kvlog"))
 
 
 def _event_frames(log: Path) -> list[bytes]:
-    """Every event record's frame, byte for byte (framing records left out)."""
+    """Every event record's or event block's frame, byte for byte (framing records left out)."""
     data = log.read_bytes()
     with LogReader(log) as reader:
-        offsets = [offset for offset, item in reader.records() if isinstance(item, Event)]
+        offsets = sorted({offset for offset, item in reader.records() if isinstance(item, Event)})
     return [data[o: o + FRAME.size + FRAME.unpack_from(data, o)[0]] for o in offsets]
 
 
@@ -330,18 +356,33 @@ def _event_frames(log: Path) -> list[bytes]:
 def test_golden_log_records_reencode_byte_for_byte(path, tmp_path):
     header, events = read_events(path)
     assert header.format_version <= FORMAT_VERSION
+    # Single-event records (formats 1 and 2) are the same bytes in every format version.
+    assert _event_frames(path) == [frame(encode_event(event)) for event in events]
     copy = tmp_path / "copy.kvlog"
     write_log(copy, header.geometry, events, checkpoint_every=header.checkpoint_every,
               meta=header.meta)
-    # Event records are the same bytes in every format version; the framing records of a
-    # format 2 copy carry digests, so the copy must replay to the same checkpoints.
-    assert _event_frames(copy) == _event_frames(path)
+    # The copy is written in event blocks, with digests in its framing records; it must read
+    # back the same events and replay to the same checkpoints.
+    assert read_events(copy)[1] == events
     with LogReader(path) as old, LogReader(copy) as new:
         old_marks = [(i.seq, i.fingerprint) for _, i in old.records() if isinstance(i, Checkpoint)]
         new_marks = [(i.seq, i.fingerprint) for _, i in new.records() if isinstance(i, Checkpoint)]
         assert old_marks == new_marks
         assert (old.end.count, old.end.fingerprint) == (new.end.count, new.end.fingerprint)
         assert new.digests == "verified" and old.digests == "unverified"
+
+
+@pytest.mark.parametrize("path", FORMAT3, ids=[p.name for p in FORMAT3])
+def test_format_3_golden_logs_rewrite_byte_for_byte(path, tmp_path):
+    """Event blocks are stable bytes: rewriting a committed format 3 log's events with its
+    header's settings reproduces every block frame."""
+    header, events = read_events(path)
+    assert header.format_version == 3
+    copy = tmp_path / "copy.kvlog"
+    write_log(copy, header.geometry, events, checkpoint_every=header.checkpoint_every,
+              meta=header.meta)
+    assert _event_frames(copy) == _event_frames(path)
+    assert len(_event_frames(path)) < len(events)  # several events share a block
 
 
 # -- hypothesis: any field values of the right types round-trip exactly --------------------

@@ -27,8 +27,9 @@ from typing import Any
 from msgspec.structs import replace as evolve_event
 
 from kvstate.events import Split, encode_event
+from kvstate.events.codec import CODEC
 from kvstate.log import LogReader, Recorder, write_log
-from kvstate.log.format import FRAME, LENGTH, MAGIC, PREAMBLE_SIZE, frame
+from kvstate.log.format import BLOCK_PREFIX, FRAME, LENGTH, MAGIC, PREAMBLE_SIZE, frame
 from kvstate.replay import replay_path
 from kvstate.workloads.corpus import (
     double_free,
@@ -65,29 +66,35 @@ def _record_synthetic(path: Path, spec: WorkloadSpec) -> None:
     holder["recorder"].close()
 
 
-def _truncate_mid_record(source: Path, target: Path) -> int:
-    """Copy ``source`` cut in the middle of its 10th record; returns that record's offset."""
-    data = source.read_bytes()
-    offset = PREAMBLE_SIZE
-    length, _ = FRAME.unpack_from(data, offset)
-    offset += FRAME.size + length  # past the header frame
-    for _ in range(9):
+def _frame_offsets(data: bytes | bytearray) -> list[int]:
+    """The offset of every record frame after the header frame."""
+    offsets = []
+    length, _ = FRAME.unpack_from(data, PREAMBLE_SIZE)
+    offset = PREAMBLE_SIZE + FRAME.size + length
+    while offset < len(data):
+        offsets.append(offset)
         length, _ = FRAME.unpack_from(data, offset)
         offset += FRAME.size + length
+    return offsets
+
+
+def _truncate_mid_record(source: Path, target: Path) -> int:
+    """Copy ``source`` cut in the middle of its 10th record (or of the one before its end
+    record, in a shorter log); returns that record's offset."""
+    data = source.read_bytes()
+    offsets = _frame_offsets(data)
+    offset = offsets[min(9, len(offsets) - 2)]
     length, _ = FRAME.unpack_from(data, offset)
     target.write_bytes(data[: offset + FRAME.size + length // 2])
     return offset
 
 
 def _flip_bit(source: Path, target: Path) -> int:
-    """Copy ``source`` with one bit flipped inside the body of its 5th record; returns its offset."""
+    """Copy ``source`` with one bit flipped inside the body of its 5th record (or of the one
+    before its end record, in a shorter log); returns its offset."""
     data = bytearray(source.read_bytes())
-    offset = PREAMBLE_SIZE
-    length, _ = FRAME.unpack_from(data, offset)
-    offset += FRAME.size + length
-    for _ in range(4):
-        length, _ = FRAME.unpack_from(data, offset)
-        offset += FRAME.size + length
+    offsets = _frame_offsets(data)
+    offset = offsets[min(4, len(offsets) - 2)]
     data[offset + FRAME.size + 1] ^= 0x04
     target.write_bytes(bytes(data))
     return offset
@@ -122,11 +129,18 @@ def _edit_split_time(source: Path, target: Path) -> int:
     """
     data = source.read_bytes()
     with LogReader(source) as reader:
-        offset, split = next((o, item) for o, item in reader.records() if isinstance(item, Split))
+        located = list(reader.records())
+    offset, split = next((o, item) for o, item in located if isinstance(item, Split))
     length, _ = FRAME.unpack_from(data, offset)
-    edited = encode_event(evolve_event(split, time=split.time - 1))
+    stamped = evolve_event(split, time=split.time - 1)
+    if data[offset + FRAME.size: offset + FRAME.size + 5] == BLOCK_PREFIX:  # format 3
+        block = [stamped if item is split else item for o, item in located if o == offset]
+        edited = bytearray(BLOCK_PREFIX)
+        CODEC.encode_plain_list(block, edited)
+    else:
+        edited = bytearray(encode_event(stamped))
     assert len(edited) == length
-    target.write_bytes(data[:offset] + frame(edited) + data[offset + FRAME.size + length:])
+    target.write_bytes(data[:offset] + frame(bytes(edited)) + data[offset + FRAME.size + length:])
     return offset
 
 
@@ -148,7 +162,7 @@ def build(out_dir: Path) -> dict[str, dict[str, Any]]:
     """Write every corpus log under ``out_dir``; returns name -> expectation."""
     expectations: dict[str, dict[str, Any]] = {}
     for sub in ("seed", "synthetic", "failing", "malformed", "findings", "vllm", "tiered",
-                "format2"):
+                "format2", "format3"):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
 
     def add(name: str, description: str, make: Callable[[Path], None], **extra: Any) -> Path:
@@ -190,6 +204,11 @@ def build(out_dir: Path) -> dict[str, dict[str, Any]]:
                    lambda p: write_log(p, geometry, events, checkpoint_every=4,
                                        meta={"scenario": "seed 000"}))
     add("format2/001_prefix_hit_walkthrough.kvlog", "seed 001 written in format 2",
+        lambda p: write_log(p, geometry1, events1, checkpoint_every=4, meta={"scenario": "seed 001"}))
+    add("format3/000_radix_example.kvlog", "seed 000 written in format 3 (event blocks between "
+        "the checkpoints)", lambda p: write_log(p, geometry, events, checkpoint_every=4,
+                                                 meta={"scenario": "seed 000"}))
+    add("format3/001_prefix_hit_walkthrough.kvlog", "seed 001 written in format 3",
         lambda p: write_log(p, geometry1, events1, checkpoint_every=4, meta={"scenario": "seed 001"}))
     add("failing/edited_split_time.kvlog", "format 2 seed 000 with its first Split stamped a tick "
         "earlier and the CRC recomputed; a later Touch overwrites the stamp, so every fingerprint "

@@ -12,6 +12,11 @@ Decoding checks every field's type and range (``kvstate.events.base``) and
 raises ``EventDecodeError`` for anything else: an unknown tag, a bool where
 an int belongs, a float, an out-of-range id, a wrong field count, trailing
 bytes, absurd nesting.  Pure; the encoder and decoder are built once.
+
+A list of events can also go as one msgpack array of plain ``[tag, *fields]``
+items (``encode_plain_list`` / ``decode_plain_list``) whose versions the
+caller knows from elsewhere (a log's header): one C call encodes or decodes
+and validates the whole list, instead of a Python call per event.
 """
 
 from __future__ import annotations
@@ -96,8 +101,11 @@ class Codec:
     def refresh(self) -> None:
         types = tuple(EVENT_TYPES.values())
         self.types = dict(EVENT_TYPES)
-        self._encode = msgspec.msgpack.Encoder().encode
+        self._encoder = msgspec.msgpack.Encoder()
+        self._encode = self._encoder.encode
         self._decoder = msgspec.msgpack.Decoder(Union[types])  # type: ignore[valid-type]  # noqa: UP007
+        self._list_decoder = msgspec.msgpack.Decoder(list[Union[types]])  # type: ignore[valid-type]  # noqa: UP007
+        self.versions = {cls.TAG: cls.VERSION for cls in types}
         # msgspec writes a fixarray header and a two-byte fixstr tag; a record has the
         # version after the tag.  ``_record_prefix`` gives each class its record's first 5
         # bytes (for msgspec's 4), ``_from_record`` maps them back.  Only the exact field
@@ -129,7 +137,64 @@ class Codec:
         # msgspec begins every encoding of the class with the 4 bytes ``prefix`` replaces
         return prefix + self._encode(evt)[4:]
 
+    def encode_plain_list(self, events: list[Event], out: bytearray) -> None:
+        """Append ``[[tag, *fields], ...]`` for ``events`` to ``out`` (versions left out)."""
+        if self.stale():
+            self.refresh()
+        self._encoder.encode_into(events, out, -1)
+
     # -- decoding ----------------------------------------------------------------
+    def decode_plain_list(self, body: bytes | memoryview, versions: dict[str, int],
+                          upcasters: Registry | None = None) -> list[Event]:
+        """The validated events of ``encode_plain_list``'s array, written with ``versions``
+        (tag -> version, e.g. a log header's ``event_versions``).
+
+        When ``versions`` equals this codec's for every tag, one typed decode validates the
+        whole list in C.  Otherwise (an older writer, or any error) each item becomes a
+        record ``[tag, version, *fields]`` and goes through :meth:`decode`: upcasters, and
+        an error that names the item and the field.
+        """
+        if self.stale():
+            self.refresh()
+        if versions == self.versions or all(versions.get(tag) == version
+                                            for tag, version in self.versions.items()):
+            try:
+                return self._list_decoder.decode(body)  # type: ignore[no-any-return]
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+                pass  # named precisely below
+        try:
+            items = _RAW_ITEMS.decode(body)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise EventDecodeError(f"event list is not a msgpack array ({exc})") from None
+        events = []
+        for index, item in enumerate(items):
+            try:
+                events.append(self.decode(self._record_of(bytes(item), versions), upcasters))
+            except EventDecodeError as exc:
+                raise EventDecodeError(f"item {index}: {exc}") from None
+        return events
+
+    def _record_of(self, item: bytes, versions: dict[str, int]) -> bytes:
+        """``[tag, *fields]`` made ``[tag, version, *fields]`` with the tag's version in
+        ``versions``."""
+        count = _array_count(item)
+        if count is None or count < 1:
+            raise EventDecodeError("item is not an array [tag, *fields]")
+        if count + 1 > MAX_RECORD_ITEMS:
+            raise EventDecodeError(f"item has {count - 1} fields, more than any event has")
+        try:
+            parts = _RAW_ITEMS.decode(item)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise EventDecodeError(f"item is not valid msgpack ({exc})") from None
+        tag = _scalar(parts[0], str)
+        if type(tag) is not str:
+            raise EventDecodeError(f"item tag is {_shown(parts[0])}")
+        version = versions.get(tag)
+        if type(version) is not int or not 0 <= version < 1 << 16:
+            raise EventDecodeError(f"the header gives no version for event tag {tag!r}")
+        return b"".join((_array_header(count + 1), bytes(parts[0]),
+                         msgspec.msgpack.encode(version), *(bytes(part) for part in parts[1:])))
+
     def decode(self, body: bytes, upcasters: Registry | None = None) -> Event:
         """A validated event from a record body; ``EventDecodeError`` for anything else."""
         plain = self._from_record.get(body[:5])
@@ -216,6 +281,11 @@ def _array_count(body: bytes) -> int | None:
     if first == 0xDD and len(body) >= 5:
         return int.from_bytes(body[1:5], "big")
     return None
+
+
+def _array_header(count: int) -> bytes:
+    """A msgpack array header for ``count`` elements (fixarray or array 16)."""
+    return bytes((0x90 | count,)) if count <= 15 else b"\xdc" + count.to_bytes(2, "big")
 
 
 def _scalar(raw: msgspec.Raw, kind: type) -> Any:

@@ -1,4 +1,4 @@
-"""The running digest a reader checks against a format 2 log's checkpoints and end record.
+"""The running digest a reader checks against a format 2 or 3 log's checkpoints and end record.
 
 ``DigestTracker`` hashes the bytes a reader has read, a buffer span at a
 time (the reader hands it each span before dropping it and at each framing

@@ -2,14 +2,16 @@
 
 The reader pulls the file in fixed-size chunks and holds at most one chunk
 plus one record (itself capped at ``max_record_bytes``) and that record's
-decoded event, so a multi-gigabyte log replays in flat memory
-(docs/log-format.md, "Memory").  Every malformed input -- empty, truncated
-anywhere, a flipped bit, wrong magic, a future format, an unknown tag, a bad
-field, an oversized length, a missing end record, bytes after the end, a
-geometry beyond ``limits`` -- raises ``LogFormatError`` with the byte offset
-and the reason; no other exception type escapes for bad bytes.
+decoded events (one, or the events of an event block, all validated before the
+first is yielded; each is yielded with the block's offset), so a multi-
+gigabyte log replays in flat memory (docs/log-format.md, "Memory"). Every
+malformed input -- empty, truncated anywhere, a flipped bit, wrong magic, a
+future format, an unknown tag, a bad field, an oversized length, a missing end
+record, bytes after the end, a geometry beyond ``limits`` -- raises
+``LogFormatError`` with the byte offset and the reason; no other exception
+type escapes for bad bytes.
 
-In a format 2 log the reader keeps a running blake2b over every byte it
+In a format 2 or 3 log the reader keeps a running blake2b over every byte it
 reads and compares it with the digest each checkpoint and the end record
 carry.  A mismatch is not a format error (the frames are well formed): the
 first broken interval is kept in ``digest_failure`` and reading goes on;
@@ -30,20 +32,24 @@ from kvstate.events import Event, EventDecodeError
 from kvstate.events.codec import CODEC, Registry
 from kvstate.log.digest import DigestBreak, DigestTracker
 from kvstate.log.format import (
+    BLOCK_PREFIX,
     CHECKPOINT_TAG,
     END_TAG,
     FORMAT_VERSION,
     FRAME,
     LENGTH,
     MAGIC,
+    MAX_BLOCK_EVENTS,
     MAX_HEADER_BYTES,
     MAX_RECORD_BYTES,
+    MIN_BLOCK_FORMAT,
     PREAMBLE_SIZE,
     VERSION_FIELD,
     Checkpoint,
     EndRecord,
     LogFormatError,
     LogHeader,
+    block_count,
     decode_framing,
     parse_header,
     unpack_body,
@@ -79,7 +85,7 @@ class LogReader:
         self._pos = 0  # index of the next unread byte in _buf
         self._base = 0  # file offset of _buf[0]
         self._eof = False
-        self._digest: DigestTracker | None = None  # format 2 logs only
+        self._digest: DigestTracker | None = None  # format 2 and later
         self.stopped: LogFormatError | None = None  # set in salvage mode when reading stopped early
         self.end: EndRecord | None = None
         self.events_read = 0
@@ -234,6 +240,14 @@ class LogReader:
                     raise LogFormatError(start, "CRC mismatch in record (corrupted bytes)",
                                          self.records_read)
                 pos = self._pos = end
+                if body[:5] == BLOCK_PREFIX:
+                    events = self._block(body, start)
+                    self.records_read += 1
+                    self.offset = base + end
+                    for event in events:
+                        self.events_read += 1
+                        yield start, event
+                    continue
                 plain = plain_of(body[:5])
                 item: Item | None = None
                 if plain is not None:
@@ -258,6 +272,14 @@ class LogReader:
                                             "writer did not finish)", self.records_read)
             start = self._base + self._pos
             body = self._read_frame(limit, "record")
+            if body[:5] == BLOCK_PREFIX:
+                events = self._block(body, start)
+                self.records_read += 1
+                self.offset = self._base + self._pos
+                for event in events:
+                    self.events_read += 1
+                    yield start, event
+                continue
             item = decode(body, start)
             self.records_read += 1
             self.offset = self._base + self._pos
@@ -271,8 +293,34 @@ class LogReader:
             raise LogFormatError(self._base + self._pos, "bytes after the end record",
                                  self.records_read)
 
+    def _block(self, body: bytes, start: int) -> list[Event]:
+        """The events of an event block (all validated before the first is yielded)."""
+        if self.header.format_version < MIN_BLOCK_FORMAT:
+            raise LogFormatError(start, f"an event block in a format {self.header.format_version} "
+                                        f"log (blocks exist from format {MIN_BLOCK_FORMAT})",
+                                 self.records_read)
+        count = block_count(body)
+        if count is None or not 1 <= count <= MAX_BLOCK_EVENTS:
+            raise LogFormatError(start, "event block must be [\"#b\", 1, [event, ...]] with 1 to "
+                                        f"{MAX_BLOCK_EVENTS} events", self.records_read)
+        try:
+            events = CODEC.decode_plain_list(memoryview(body)[5:], self.header.event_versions,
+                                             self.upcasters)
+        except EventDecodeError as exc:
+            raise LogFormatError(start, f"event block: {exc}", self.records_read) from None
+        except (RecursionError, OverflowError, MemoryError) as exc:  # defensive: never escape
+            raise LogFormatError(start, f"event block cannot be decoded ({type(exc).__name__})",
+                                 self.records_read) from None
+        if len(events) != count:  # defensive: the typed decode read the same array header
+            raise LogFormatError(start, "event block length does not match its header",
+                                 self.records_read)
+        return events
+
     def _decode(self, body: bytes, start: int) -> Item:
         """One record body: an event (validated by the event codec) or a framing record."""
+        if body[:4] == BLOCK_PREFIX[:4]:
+            raise LogFormatError(start, f"event block version {body[4:5].hex() or 'missing'} is "
+                                        "not 1", self.records_read)
         if body[1:4] in _FRAMING_TAGS:
             item = decode_framing(body, start, self.header.format_version)
             self._check_framing(item, start)

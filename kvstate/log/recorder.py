@@ -3,8 +3,10 @@
 ``Recorder`` subscribes a ``LogWriter`` to an :class:`kvstate.engine.Engine`
 (or any front end object with an ``.engine``: the SGLang pool, allocator and
 cache share one; so do the seed-002 and vLLM front ends).  It receives each
-committed batch whole, encodes every event of it before appending any (so a
-batch is in the log entirely or not at all), writes a checkpoint at the end
+committed batch whole and hands its events to the writer, which seals them
+into event blocks (a block ends at a batch boundary, so a batch is in the
+log entirely or not at all; the events are immutable, so holding them until
+the block is sealed is safe), writes a checkpoint at the end
 of the first batch that reaches each ``checkpoint_every`` boundary (a
 checkpoint always fingerprints a state some decision left, never one in the
 middle of a decision), and the end record on close.  The header is written
@@ -12,8 +14,8 @@ when the first batch arrives, so the SGLang objects may still size the
 engine after the recorder is attached.
 
 If encoding or writing ever fails, the recorder stops (``failed`` holds the
-error, which the engine raises to the caller after detaching it); what it
-wrote before stays on disk and ``close`` flushes it without an end record,
+error, which the engine raises to the caller after detaching it); the blocks
+sealed before stay on disk and ``close`` flushes it without an end record,
 so the log reads as truncated and ``replay --salvage`` replays it.  The
 recorder owns its writer and file; it never changes the engine beyond
 subscribing and unsubscribing.
@@ -22,19 +24,15 @@ subscribing and unsubscribing.
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
 from kvstate.canonical import fingerprint
 from kvstate.engine import Engine
 from kvstate.events import Event
-from kvstate.events.codec import CODEC
-from kvstate.log.format import FRAME, LENGTH, auto_checkpoint_every
-from kvstate.log.writer import DEFAULT_FLUSH_BYTES, LogWriter, make_header
+from kvstate.log.format import BLOCK_EVENTS, auto_checkpoint_every
+from kvstate.log.writer import DEFAULT_FLUSH_BYTES, LogWriter, check_block_events, make_header
 from kvstate.state import initial_state
-
-_LENGTH_CRCS = [zlib.crc32(LENGTH.pack(length)) for length in range(1024)]
 
 
 def engine_of(target: Any) -> Engine:
@@ -59,19 +57,23 @@ class Recorder:
     def __init__(self, target: Any, path: str | os.PathLike[str], *,
                  checkpoint_every: int | None = None,
                  flush_bytes: int = DEFAULT_FLUSH_BYTES, flush_on_checkpoint: bool = True,
-                 meta: dict[str, Any] | None = None, fsync: bool = True) -> None:
+                 meta: dict[str, Any] | None = None, fsync: bool = True,
+                 block_events: int = BLOCK_EVENTS) -> None:
         if checkpoint_every is not None and (isinstance(checkpoint_every, bool)
                                              or checkpoint_every < 0):
             raise ValueError(f"checkpoint_every must be an int >= 0, got {checkpoint_every!r}")
+        check_block_events(block_events)
         self.engine = engine_of(target)
         self.path = os.fspath(path)
         self._checkpoint_every = checkpoint_every
         self._options = {"flush_bytes": flush_bytes, "flush_on_checkpoint": flush_on_checkpoint,
-                         "fsync": fsync}
+                         "fsync": fsync, "block_events": block_events}
         self.meta = dict(meta or {})
         self.writer: LogWriter | None = None
         self.failed: BaseException | None = None
         self._next_checkpoint = -1
+        self._pending: list[Event] = []  # the writer's pending list once it is open
+        self._seal_at = 0  # the pending length at which ``after`` calls ``_seal``
         with open(self.path, "wb"):  # fail now, not inside an engine callback, on a bad path
             pass
         history = self._history()
@@ -116,34 +118,32 @@ class Recorder:
         """Append one committed batch (all of it or, on an error, none of it)."""
         if self.failed is not None:
             raise RuntimeError(f"the recorder stopped after an earlier error: {self.failed!r}")
+        # Events are immutable: holding them until a block is sealed is safe, and one C
+        # call then encodes the whole block.  Most batches stop here.
+        pending = self._pending
+        pending += events
+        if len(pending) >= self._seal_at:
+            self._seal(view)
+
+    def _seal(self, view: Any) -> None:
+        """Open the writer (first batch), then write the checkpoint that is due or seal the
+        full block, and set the pending length at which to come back."""
         try:
-            writer = self.writer or self._open()
-            encode = CODEC.encode
-            crc32, frame_pack, seeds = zlib.crc32, FRAME.pack, _LENGTH_CRCS
-            buf = writer._buf
-            if len(events) == 1:  # most batches: encoded whole before anything is appended
-                body = encode(events[0])
-                length = len(body)
-                seed = seeds[length] if length < 1024 else crc32(LENGTH.pack(length))
-                buf += frame_pack(length, crc32(body, seed))
-                buf += body
-            else:
-                frames = []
-                for event in events:
-                    body = encode(event)
-                    length = len(body)
-                    seed = seeds[length] if length < 1024 else crc32(LENGTH.pack(length))
-                    frames.append(frame_pack(length, crc32(body, seed)))
-                    frames.append(body)
-                for part in frames:
-                    buf += part
-            writer.count += len(events)
+            writer = self.writer
+            if writer is None:
+                writer = self._open()
+                writer.pending += self._pending
+                self._pending = writer.pending
             if self._next_checkpoint > 0 and writer.count >= self._next_checkpoint:
                 writer.write_checkpoint(fingerprint(view))
                 every = writer.header.checkpoint_every
                 self._next_checkpoint = (writer.count // every + 1) * every
-            if len(buf) >= writer.flush_bytes:
-                writer.flush()
+            elif len(writer.pending) >= writer.block_events:
+                writer.seal()
+            seal_at = writer.block_events
+            if self._next_checkpoint > 0:
+                seal_at = min(seal_at, self._next_checkpoint - writer.sealed)
+            self._seal_at = seal_at
         except BaseException as exc:
             self.failed = exc
             raise

@@ -1,20 +1,21 @@
 """``verify_log``: check a log's framing and digests without decoding one event.
 
-What ``kvstate verify`` runs.  It reads the file in large chunks and, per
-frame, checks the length bound and the CRC; checkpoint and end records are
-decoded (typed) and their counts and digests checked against a running
-blake2b over the bytes, hashed a chunk at a time.  Event bodies are never
-decoded and no state is built, so the cost is one CRC per record plus one
-hash pass over the file (docs/benchmarks-log.md has the numbers).  It stops
-at the first format error (``LogFormatError``, byte offset and reason); a
-digest mismatch is reported as the first broken interval, as replay does.
-Owned by the log layer; reads only.
+What ``kvstate verify`` runs. It reads the file in large chunks and, per
+frame, checks the length bound and the CRC (an event block's event count is
+read from its array header); checkpoint and end records are decoded (typed)
+and their counts and digests checked against a running blake2b over the bytes,
+hashed a chunk at a time. Event bodies are never decoded and no state is
+built, so the cost is one CRC per record plus one hash pass over the file
+(docs/benchmarks-log.md has the numbers). It stops at the first format error
+(``LogFormatError``, byte offset and reason); a digest mismatch is reported as
+the first broken interval, as replay does. Owned by the log layer; reads only.
 """
 
 from __future__ import annotations
 
 import os
 import zlib
+from typing import NoReturn
 
 import attrs
 
@@ -24,10 +25,13 @@ from kvstate.log.format import (
     END_TAG,
     FRAME,
     LENGTH,
+    MAX_BLOCK_EVENTS,
     MAX_RECORD_BYTES,
+    MIN_BLOCK_FORMAT,
     Checkpoint,
     EndRecord,
     LogFormatError,
+    block_count,
     decode_framing,
 )
 from kvstate.log.limits import DEFAULT_LIMITS, Limits
@@ -61,6 +65,13 @@ def verify_log(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS,
         return _Scan(reader, max_record_bytes).run()
 
 
+def _bad_block(format_version: int, count: int | None) -> str:
+    if format_version < MIN_BLOCK_FORMAT:
+        return (f"an event block in a format {format_version} log (blocks exist from format "
+                f"{MIN_BLOCK_FORMAT})")
+    return f'event block must be ["#b", 1, [event, ...]] with 1 to {MAX_BLOCK_EVENTS} events'
+
+
 class _Scan:
     """One pass over the frames after the header, borrowing the reader's buffer and digest."""
 
@@ -73,10 +84,11 @@ class _Scan:
         reader = self.reader
         crc32, unpack, seeds = zlib.crc32, FRAME.unpack_from, _LENGTH_SEEDS
         limit = self.limit
+        blocks_allowed = reader.header.format_version >= MIN_BLOCK_FORMAT
         while True:
             buf, pos, base = reader._buf, reader._pos, reader._base
             size = len(buf)
-            events = 0
+            events = records = 0
             framing_at = -1
             while pos + 8 <= size:
                 length, crc = unpack(buf, pos)
@@ -85,15 +97,22 @@ class _Scan:
                     break
                 seed = seeds[length] if length < 4096 else crc32(LENGTH.pack(length))
                 if crc32(buf[pos + 8:end], seed) != crc:
-                    self._fail(events, pos, "CRC mismatch in record (corrupted bytes)")
-                # Framing tags start with '#' (0x23) and no event tag does: one byte decides.
-                if length > 3 and buf[pos + 10] == 0x23 and buf[pos + 9:pos + 12] in _FRAMING_TAGS:
-                    framing_at = pos
-                    break
-                events += 1
+                    self._fail(records, pos, "CRC mismatch in record (corrupted bytes)")
+                # Framing and block tags start with '#' (0x23) and no event tag does.
+                if length > 3 and buf[pos + 10] == 0x23:
+                    if buf[pos + 9:pos + 12] in _FRAMING_TAGS:
+                        framing_at = pos
+                        break
+                    count = block_count(buf[pos + 8:min(end, pos + 18)])
+                    if count is None or not 1 <= count <= MAX_BLOCK_EVENTS or not blocks_allowed:
+                        self._fail(records, pos, _bad_block(reader.header.format_version, count))
+                    events += count
+                else:
+                    events += 1
+                records += 1
                 pos = end
             self.events += events
-            self.records += events
+            self.records += records
             reader._pos = pos
             if framing_at >= 0:
                 if self._framing(base + framing_at):
@@ -114,9 +133,9 @@ class _Scan:
                                      f"{reader._available() - 8} of {length} body bytes",
                                      self.records)
 
-    def _fail(self, events: int, pos: int, reason: str) -> None:
+    def _fail(self, records: int, pos: int, reason: str) -> NoReturn:
         reader = self.reader
-        raise LogFormatError(reader._base + pos, reason, self.records + events)
+        raise LogFormatError(reader._base + pos, reason, self.records + records)
 
     def _framing(self, start: int) -> bool:
         """Decode and check the framing record at ``start`` (in the buffer); True at the end."""

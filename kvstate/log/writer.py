@@ -1,7 +1,9 @@
 """Writing logs: ``LogWriter`` (records to a file), ``make_header`` and ``write_log``.
 
-``LogWriter`` owns its file and an in-memory buffer.  Records are appended
-to the buffer whole and the buffer goes to the OS whenever it passes
+``LogWriter`` owns its file and an in-memory buffer.  Events collect in a
+pending list and are sealed into event blocks (format 3: one frame, one CRC
+and one C-level encode for up to ``block_events`` events).  Records are
+appended to the buffer whole and the buffer goes to the OS whenever it passes
 ``flush_bytes`` (and at every checkpoint when ``flush_on_checkpoint``), so a
 process killed at any moment leaves only whole records plus at most one torn
 one at the end, which the reader reports as truncation.  ``close`` writes
@@ -25,10 +27,14 @@ from kvstate.backends.live import LiveState
 from kvstate.events import EVENT_TYPES, Event, validated
 from kvstate.events.codec import CODEC
 from kvstate.log.format import (
+    BLOCK_EVENTS,
+    BLOCK_PREFIX,
     DEFAULT_CHECKPOINT_EVERY,
     FORMAT_VERSION,
     FRAME,
     LENGTH,
+    MAX_BLOCK_EVENTS,
+    MAX_RECORD_BYTES,
     LogHeader,
     checkpoint_body,
     end_body,
@@ -69,18 +75,36 @@ def make_header(geometry: Geometry, *, checkpoint_every: int = DEFAULT_CHECKPOIN
     )
 
 
+def check_block_events(block_events: object) -> None:
+    """``ValueError`` unless ``block_events`` is an int in ``1..MAX_BLOCK_EVENTS``."""
+    if isinstance(block_events, bool) or not isinstance(block_events, int) \
+            or not 1 <= block_events <= MAX_BLOCK_EVENTS:
+        raise ValueError(f"block_events must be an int in 1..{MAX_BLOCK_EVENTS}, "
+                         f"got {block_events!r}")
+
+
 class LogWriter:
-    """Appends framed records to ``path`` (created or truncated).  Mutates itself and the file."""
+    """Appends framed records to ``path`` (created or truncated).  Mutates itself and the file.
+
+    Events wait in ``pending`` and go out as one event block of up to
+    ``block_events`` events (sealed also at every checkpoint, flush and close):
+    one C call encodes the whole block and one CRC covers it.  A caller may
+    append to ``pending`` directly and call :meth:`seal` itself (the recorder
+    does); ``count`` counts pending events too.
+    """
 
     def __init__(self, path: str | os.PathLike[str], header: LogHeader, *,
                  flush_bytes: int = DEFAULT_FLUSH_BYTES, flush_on_checkpoint: bool = True,
-                 fsync: bool = True) -> None:
+                 fsync: bool = True, block_events: int = BLOCK_EVENTS) -> None:
+        check_block_events(block_events)
         self.path = os.fspath(path)
         self.header = header
         self.flush_bytes = flush_bytes
         self.flush_on_checkpoint = flush_on_checkpoint
         self.fsync = fsync
-        self.count = 0  # events written
+        self.block_events = block_events
+        self.sealed = 0  # events written into frames
+        self.pending: list[Event] = []  # events not yet in a block (anyone may append)
         self.closed = False
         if header.format_version != FORMAT_VERSION:
             raise ValueError(f"this kvstate writes format {FORMAT_VERSION} only, not "
@@ -92,44 +116,60 @@ class LogWriter:
         self._buf = bytearray(preamble(header))
         self.flush()
 
+    @property
+    def count(self) -> int:
+        """Events written or pending."""
+        return self.sealed + len(self.pending)
+
     # -- records --------------------------------------------------------------
     def write_event(self, evt: Event) -> None:
-        self.write_body(CODEC.encode(evt))
-
-    def write_body(self, body: bytes) -> None:
-        """Append one already-encoded event record."""
-        length = len(body)
-        buf = self._buf
-        buf += FRAME.pack(length, zlib.crc32(body, zlib.crc32(LENGTH.pack(length))))
-        buf += body
-        self.count += 1
-        if len(buf) >= self.flush_bytes:
-            self.flush()
+        pending = self.pending
+        pending.append(evt)
+        if len(pending) >= self.block_events:
+            self.seal()
 
     def write_events(self, events: Iterable[Event]) -> None:
         for evt in events:
             self.write_event(evt)
 
+    def seal(self) -> None:
+        """Write the pending events as event blocks (none when nothing is pending)."""
+        self._seal_pending()
+        if len(self._buf) >= self.flush_bytes:
+            self.flush()
+
+    def _seal_pending(self) -> None:
+        pending = self.pending
+        if pending:
+            for body in _block_bodies(pending):  # all encoded before any is appended
+                self._write_body(body)
+            self.sealed += len(pending)
+            pending.clear()
+
     def write_checkpoint(self, fingerprint: bytes) -> None:
         """The fingerprint of the state after the events written so far."""
+        self._seal_pending()
         self._write_body(checkpoint_body(self._packer, self.count, fingerprint, self.digest()))
         if self.flush_on_checkpoint:
             self.flush()
 
     def digest(self) -> bytes:
-        """blake2b-128 of every byte written so far (buffered ones included)."""
+        """blake2b-128 of every byte written so far (buffered ones included; pending events
+        are not bytes yet)."""
         self._digest.update(memoryview(self._buf)[self._hashed:])
         self._hashed = len(self._buf)
         return self._digest.digest()  # type: ignore[no-any-return]
 
-    def _write_body(self, body: bytes) -> None:
+    def _write_body(self, body: bytes | bytearray) -> None:
         length = len(body)
         self._buf += FRAME.pack(length, zlib.crc32(body, zlib.crc32(LENGTH.pack(length))))
         self._buf += body
 
     # -- lifecycle ----------------------------------------------------------------
     def flush(self) -> None:
-        """Hand the buffered records to the OS (they survive a crash of this process)."""
+        """Seal the pending events and hand the buffered records to the OS (they survive a
+        crash of this process)."""
+        self._seal_pending()
         if self._buf:
             self._digest.update(memoryview(self._buf)[self._hashed:])
             self._hashed = 0
@@ -145,6 +185,7 @@ class LogWriter:
         if self.closed:
             return
         try:
+            self._seal_pending()
             if final_fingerprint is not None:
                 self._write_body(end_body(self._packer, self.count, final_fingerprint,
                                           self.digest()))
@@ -156,8 +197,24 @@ class LogWriter:
             self._file.close()
 
     def abandon(self) -> None:
-        """Flush what is buffered and close without an end record (the log reads as truncated)."""
+        """Flush what is buffered and close without an end record (the log reads as truncated).
+
+        Pending events that cannot be encoded are dropped (the log ends before them)."""
+        try:
+            self._seal_pending()
+        except Exception:  # noqa: BLE001 - whatever broke the encoding, the rest must reach disk
+            self.pending.clear()
         self.close(None)
+
+
+def _block_bodies(events: list[Event]) -> list[bytearray]:
+    """Event block bodies for ``events``: one, or more when one would pass the record limit."""
+    body = bytearray(BLOCK_PREFIX)
+    CODEC.encode_plain_list(events, body)
+    if len(body) <= MAX_RECORD_BYTES or len(events) == 1:
+        return [body]
+    half = len(events) // 2
+    return _block_bodies(events[:half]) + _block_bodies(events[half:])
 
 
 def write_log(path: str | os.PathLike[str], geometry: Geometry, events: Iterable[Event], *,

@@ -35,8 +35,9 @@ from hostile import (  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from kvstate.events.codec import CODEC  # noqa: E402
 from kvstate.log import LogFormatError, LogReader  # noqa: E402
-from kvstate.log.format import MAX_RECORD_BYTES  # noqa: E402
+from kvstate.log.format import BLOCK_PREFIX, MAX_BLOCK_EVENTS, MAX_RECORD_BYTES  # noqa: E402
 from kvstate.log.limits import DEFAULT_LIMITS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -140,6 +141,27 @@ def test_a_record_at_the_limit_decodes_in_bounded_memory(tmp_path, shape):
     path.write_bytes(log([body]))
     code, grew, err = run_command(tmp_path, "replay", str(path), "--check-every", "0")
     assert code in (1, 2) and "Traceback" not in err
+    assert grew < MEMORY_BOUND_KIB, grew
+
+
+@pytest.mark.parametrize("shape", ["most_events", "names_at_the_limit"])
+def test_an_event_block_at_its_limits_decodes_in_bounded_memory(tmp_path, shape):
+    """A format 3 block holds at most 65,536 events in at most 4 MiB: the most events (tiny
+    ``Free``s) or the most bytes of the worst valid shape (2-character request names)."""
+    count = MAX_BLOCK_EVENTS
+    if shape == "most_events":
+        items = (array(3) + pack("fr") + b"\x90\xc2") * count
+    else:
+        names = ((MAX_RECORD_BYTES - 64) // count - 7) // 3  # item: 7 bytes of headers
+        items = (array(2) + pack("ra") + array(names) + b"\xa2ab" * names) * count
+    body = BLOCK_PREFIX + array(count) + items
+    assert len(body) <= MAX_RECORD_BYTES
+    path = tmp_path / "block.kvlog"
+    path.write_bytes(header(version=3, event_versions=CODEC.versions) + frame(body) + end(count))
+    with LogReader(path) as reader:  # the block decodes (then the format 1 end record fails)
+        assert next(iter(reader.records()))[0] > 0
+    code, grew, err = run_command(tmp_path, "replay", str(path), "--check-every", "0")
+    assert code in (1, 2) and "Traceback" not in err, err
     assert grew < MEMORY_BOUND_KIB, grew
 
 
