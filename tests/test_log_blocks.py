@@ -188,6 +188,12 @@ def test_a_tag_the_header_gives_no_version_is_refused(tmp_path):
     assert "item 0" in err.reason and "no version for event tag 'al'" in err.reason
 
 
+@pytest.mark.parametrize("value", [True, -1, 1 << 16, "1", 1.0])
+def test_a_format_3_header_refuses_a_version_that_is_not_one(tmp_path, value):
+    err = _error(_with_versions(_log(tmp_path), dict(CODEC.versions, al=value)))
+    assert err.offset == PREAMBLE_SIZE and "event_versions maps 'al'" in err.reason
+
+
 def test_a_block_over_the_record_limit_is_split(tmp_path, monkeypatch):
     monkeypatch.setattr(writer_module, "MAX_RECORD_BYTES", 40)
     data = _log(tmp_path)

@@ -328,6 +328,11 @@ def parse_header(raw: Any, format_version: int, offset: int,
         raise LogFormatError(offset, f"checkpoint_every {every} is negative")
     fingerprint = _require(raw.get("initial_fingerprint", b""), bytes, "initial_fingerprint", offset)
     versions = _require(raw.get("event_versions", {}), dict, "event_versions", offset)
+    if format_version >= MIN_BLOCK_FORMAT:  # normative from format 3: block events use them
+        for tag, value in versions.items():
+            if type(tag) is not str or type(value) is not int or not 0 <= value < 1 << 16:
+                raise LogFormatError(offset, f"header event_versions maps {tag!r} to {value!r}, "
+                                             "not a version")
     meta = _require(raw.get("meta", {}), dict, "meta", offset)
     version_text = _require(raw.get("kvstate_version", ""), str, "kvstate_version", offset)
     problem = meta_problem(meta)
