@@ -47,8 +47,10 @@ class RequestFlows:
             plan_release(batch, cursor, tokens, prompt_len=len(req.origin_input_ids),
                          owned=len(tokens), checkpoint=bool(is_insert) and not self.disable,
                          at_head=self._at_head)
-        req.req_pool_idx = None
-        req.lock = None
+            # The request's fields change inside the batch: a listener failing at the commit
+            # raises after the events are applied, and the fields must follow them.
+            req.req_pool_idx = None
+            req.lock = None
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
         """Publish ``fill_ids`` so far and rebind the row to the canonical tree slots.
@@ -65,9 +67,9 @@ class RequestFlows:
         with self.engine.batch() as batch:
             moved = plan_checkpoint(batch, cursor, fill, prompt_len=len(req.origin_input_ids),
                                     up_to=len(fill), at_head=self._at_head)
-        self._rebind(req, moved)
-        req.prefix_indices = torch.tensor(slots_of(self.engine.view, cursor.request, 0, len(fill)),
-                                          dtype=torch.int64)
+            self._rebind(req, moved)  # inside the batch: see ``cache_finished_req``
+            req.prefix_indices = torch.tensor(slots_of(batch.state, cursor.request, 0, len(fill)),
+                                              dtype=torch.int64)
 
     def checkpoint(self, req: Any, *, up_to: int) -> None:
         """0.5.23's checkpoint: insert the row's first ``up_to`` tokens, free the duplicates,
@@ -88,7 +90,7 @@ class RequestFlows:
         with self.engine.batch() as batch:
             moved = plan_checkpoint(batch, cursor, tokens, prompt_len=len(req.origin_input_ids),
                                     up_to=count, at_head=self._at_head)
-        self._rebind(req, moved)
+            self._rebind(req, moved)  # inside the batch: see ``cache_finished_req``
 
     def free_kv_row(self, req: Any, ranges: list[tuple[int, int]]) -> None:
         """Free ascending, disjoint row-position ranges ``[start, end)`` of ``req``'s row.

@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvstate.engine import Engine
+from kvstate.engine import Engine, ListenerError
+from kvstate.events import MambaFree
 from kvstate.planner.mamba_evict import plan_mamba_evict_for_alloc
 from kvstate.planner.mamba_match import MambaReceipt
 from kvstate.planner.mamba_requests import (
@@ -88,17 +89,19 @@ class MambaFlows:
         with self.engine.batch() as batch:
             done = plan_mamba_checkpoint(batch, self._mamba_cursor(req), tokens, up_to=count,
                                          finished=finished, config=config)
-        cursor = done.cursor
-        if self.swa_window is not None:
-            kv.set_evicted_seqlen(SWA, cursor.swa_evicted)
-        kv.mamba_last_track_seqlen = cursor.last_track_seqlen
-        kv.mamba_prev_track_seqlen = cursor.prev_track_seqlen
-        if done.inserted is not None:
-            req.lock = self.make_lock(cursor.lock)
-            kv.cache_protected_len = cursor.protected_len
-            kv.cache_inserted_len = cursor.inserted_len
-            req.last_node = TreeNode(self, cursor.lock.node)
-        self._sync_slots(req)
+            # The request follows the events inside the batch: a listener failing at the
+            # commit raises after they are applied.
+            cursor = done.cursor
+            if self.swa_window is not None:
+                kv.set_evicted_seqlen(SWA, cursor.swa_evicted)
+            kv.mamba_last_track_seqlen = cursor.last_track_seqlen
+            kv.mamba_prev_track_seqlen = cursor.prev_track_seqlen
+            if done.inserted is not None:
+                req.lock = self.make_lock(cursor.lock)
+                kv.cache_protected_len = cursor.protected_len
+                kv.cache_inserted_len = cursor.inserted_len
+                req.last_node = TreeNode(self, cursor.lock.node)
+            self._sync_slots(req)
 
     def release_kv_cache(self, req: Any, *, checkpoint: bool = True) -> None:
         """Give the request's row and Mamba slots back (with ``checkpoint``: cache what it
@@ -106,8 +109,9 @@ class MambaFlows:
         kv = req.kv
         if kv.req_pool_idx is None:  # a copy-on-match slot taken before any row
             if kv.mamba_pool_idx is not None:
-                self.req_to_token_pool.mamba_allocator.free([kv.mamba_pool_idx])
-                kv.mamba_pool_idx = None
+                with self.engine.batch() as batch:
+                    batch.emit(MambaFree((int(kv.mamba_pool_idx),)))
+                    kv.mamba_pool_idx = None  # inside the batch: see ``checkpoint``
             return
         owned = req.owned_kv_len()
         if owned > self._record(req).allocated:
@@ -120,11 +124,11 @@ class MambaFlows:
             cursor = plan_mamba_release(batch, self._mamba_cursor(req), req.full_untruncated_fill_ids,
                                         owned=owned, checkpoint=do_checkpoint,
                                         config=self._config())
-        if do_checkpoint:
-            kv.cache_protected_len = cursor.protected_len
-        self._sync_slots(req)
-        req.lock = None
-        kv.req_pool_idx = None
+            if do_checkpoint:  # inside the batch: see ``checkpoint``
+                kv.cache_protected_len = cursor.protected_len
+            self._sync_slots(req)
+            req.lock = None
+            kv.req_pool_idx = None
 
     def free_kv_row(self, kv: Any, ranges: list[tuple[int, int]]) -> None:
         """Free ascending, disjoint row ranges of ``kv``'s row (FULL-only where its SWA
@@ -149,7 +153,11 @@ class MambaFlows:
         if pages:
             start = max(cursor.swa_evicted, cursor.protected_len)
             slots = slots_of(self.engine.view, cursor.request, start, evicted)
-            self.token_to_kv_pool_allocator.free_swa_segment(slots, start_pos=start)
+            try:
+                self.token_to_kv_pool_allocator.free_swa_segment(slots, start_pos=start)
+            except ListenerError:  # the free's own batch was applied: the cursor follows it
+                req.kv.set_evicted_seqlen(SWA, evicted)
+                raise
         if evicted != cursor.swa_evicted:
             req.kv.set_evicted_seqlen(SWA, evicted)
 

@@ -211,15 +211,17 @@ class HybridReqToTokenPool(ReqToTokenPool):
             granted = [plan_row_slots(batch, row, req.kv.mamba_pool_idx or 0,
                                       self._track_need(req)) for row, req in zip(rows, fresh,
                                                                                  strict=True)]
-        for row, req, slots in zip(rows, fresh, granted, strict=True):
-            req.kv.req_pool_idx, req.kv.mamba_pool_idx = row, slots[0]
-            if self.enable_mamba_extra_buffer:
-                size = self.mamba_ping_pong_track_buffer_size
-                req.kv.mamba_ping_pong_track_buffer = list(slots[1:])
-                req.kv.mamba_ping_pong_empty = [False] * size
-                req.kv.mamba_next_track_idx = 0
-                req.kv.mamba_last_track_idx = self.get_mamba_ping_pong_other_idx(0)
-                req.kv.mamba_prev_track_seqlen = None
+            # The requests take their rows and slots inside the batch: a listener failing at
+            # the commit raises after the events are applied.
+            for row, req, slots in zip(rows, fresh, granted, strict=True):
+                req.kv.req_pool_idx, req.kv.mamba_pool_idx = row, slots[0]
+                if self.enable_mamba_extra_buffer:
+                    size = self.mamba_ping_pong_track_buffer_size
+                    req.kv.mamba_ping_pong_track_buffer = list(slots[1:])
+                    req.kv.mamba_ping_pong_empty = [False] * size
+                    req.kv.mamba_next_track_idx = 0
+                    req.kv.mamba_last_track_idx = self.get_mamba_ping_pong_other_idx(0)
+                    req.kv.mamba_prev_track_seqlen = None
         return [req.kv.req_pool_idx for req in reqs]
 
     def _track_need(self, req: Any) -> int:
@@ -251,7 +253,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         donated = entries[1 + index]
         with self.engine.batch() as batch:
             batch.emit(MambaDonate(row, 1 + index, fresh))
-        req.kv.mamba_ping_pong_track_buffer[index] = fresh
+            req.kv.mamba_ping_pong_track_buffer[index] = fresh  # inside the batch: see ``alloc``
         return int64_tensor([donated])
 
     def free_mamba_cache(self, req: Any, mamba_ping_pong_track_buffer_to_keep: int | None = None
@@ -270,7 +272,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
                 plan_free_row_slots(batch, row, keep)
             else:
                 batch.emit(MambaFree((int(kv.mamba_pool_idx),)))
-        clear_mamba_fields(kv)
+            clear_mamba_fields(kv)  # inside the batch: see ``alloc``
 
     def verify(self) -> list[Violation]:
         """``req_to_token`` and both Mamba mappings against the state."""

@@ -172,10 +172,11 @@ class MambaUnifiedRadixCache(MambaFlows, UnifiedRadixCache):
             found = plan_mamba_match(batch, tokens, grid=self.mamba_checkpoint_grid, window=window)
             slot = (plan_copy_on_match(batch, found, held, at_head=self._at_head, window=window)
                     if cow else 0)
-        if cow and req is not None and found.state:
-            if not slot:
-                raise MemoryError("no Mamba slot for the copy-on-match, even after eviction")
-            req.kv.mamba_pool_idx, req.kv.mamba_cow_src_index = slot, found.state
+            # Inside the batch: a listener failing at the commit raises after the copy.
+            if cow and req is not None and found.state and slot:
+                req.kv.mamba_pool_idx, req.kv.mamba_cow_src_index = slot, found.state
+        if cow and found.state and not slot:  # raised after the batch: the eviction it tried stays
+            raise MemoryError("no Mamba slot for the copy-on-match, even after eviction")
         node = TreeNode(self, found.last_node)
         return MatchResult(found.length, node, node, node,
                            swa_branching_seqlen=found.swa_branching_seqlen,
@@ -271,10 +272,10 @@ class MambaUnifiedRadixCache(MambaFlows, UnifiedRadixCache):
         if self.disable or lock is None or lock.swa_released:
             return
         receipt = self._receipt(lock)
-        if receipt.swa:
-            with self.engine.batch() as batch:
+        with self.engine.batch() as batch:
+            if receipt.swa:
                 plan_mamba_release_swa(batch, receipt)
-        lock.swa_released = True
+            lock.swa_released = True  # inside the batch: a listener may fail at its commit
 
     def _receipt(self, lock: Any) -> MambaReceipt:
         if not isinstance(lock, MambaTreeLock):

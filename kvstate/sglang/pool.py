@@ -72,8 +72,12 @@ class ReqToTokenPool(FrontEndMixin):
             row = free_index.req_pool_idx
             if row is None:
                 raise ValueError(f"{free_index!r} holds no request row")
-            self.free_rows([row])
-            free_index.req_pool_idx = None
+            rows = int_list([row], "rows to free", low=1, high=self.size)
+            with self.engine.batch() as batch:
+                batch.emit(ReqFree(tuple(rows)))
+                # Inside the batch: a listener failing at the commit raises after the row
+                # was freed, and the request must not keep it.
+                free_index.req_pool_idx = None
             return
         if free_index is None:
             raise TypeError("free() takes a row, a list of rows or a Req, got None")

@@ -183,10 +183,11 @@ class SWATokenToKVPoolAllocator(SwaFreesMixin, FrontEndMixin):
         self._allocate(pages, slots)
         return int64_tensor(slots)
 
-    def map_slots(self, slots: Sequence[int]) -> None:
-        """FULL ``slots`` a decision handed out (their pages paired): map each to its SWA
-        slot, as the allocator does for its own allocations."""
-        self._mirror.hand_out(slots, self.engine.view)
+    def map_slots(self, batch: Any, slots: Sequence[int]) -> None:
+        """FULL ``slots`` the decision in the open ``batch`` handed out (their pages paired):
+        map each to its SWA slot when the batch commits, as the allocator does for its own
+        allocations."""
+        self._mirror.hand_out_at_commit(batch, slots)
 
     def _check_partial(self, last_loc: int, length: int) -> None:
         """A row that continues a partial page needs that page's SWA peer (SGLang
@@ -205,12 +206,14 @@ class SWATokenToKVPoolAllocator(SwaFreesMixin, FrontEndMixin):
 
     def _allocate(self, pages: list[int], slots: Sequence[int]) -> None:
         """Take ``pages`` and as many SWA pages from the heads (``Allocate``, ``SwaAlloc``);
-        map the handed-out ``slots`` (those of continued partial pages are paired already)."""
-        if pages:
-            swa_pages = self.engine.view.swa.free_pages.head(len(pages))
-            self._commit([Allocate(tuple(pages)),
-                          SwaAlloc(tuple(zip(pages, swa_pages, strict=True)))])
-        self._mirror.hand_out(slots, self.engine.view)
+        map the handed-out ``slots`` at the commit (those of continued partial pages are
+        paired already)."""
+        with self.engine.batch() as batch:
+            if pages:
+                swa_pages = batch.state.swa.free_pages.head(len(pages))
+                batch.emit(Allocate(tuple(pages)))
+                batch.emit(SwaAlloc(tuple(zip(pages, swa_pages, strict=True))))
+            self.map_slots(batch, slots)
 
     def _slots(self, pages: Sequence[int]) -> torch.Tensor:
         size = self.page_size

@@ -3,8 +3,9 @@
 ``PoolView`` shows one pool's free list as SGLang's sub-allocators keep it;
 ``MappingMirror`` keeps the real ``full_to_swa_index_mapping`` tensor equal
 to the state's pairing (``State.swa.peer``), slot by slot as SGLang writes
-it: the allocator maps the slots it hands out, the listener clears pages
-whose SWA was freed after every committed batch.  Neither changes the state.
+it: the listener clears the pages whose SWA was freed, then maps the slots
+the allocator handed out, after every committed batch.  Neither changes the
+state.
 """
 
 from __future__ import annotations
@@ -44,14 +45,15 @@ class PoolView:
 class MappingMirror:
     """Engine listener keeping ``full_to_swa_index_mapping`` equal to the pairing, slot by
     slot as SGLang writes it: a slot reads its SWA peer from when the allocator hands it
-    out (``hand_out``) until its page's SWA is freed (the whole page is cleared then, at
-    the end of the batch: a page paired again in the same batch is mapped afresh by the
-    hand-out that follows the batch)."""
+    out (``hand_out_at_commit``) until its page's SWA is freed (the whole page is cleared
+    then, at the end of the batch: a page paired again in the same batch is mapped afresh
+    by the batch's hand-outs, which follow the clearing)."""
 
     def __init__(self, tensor: torch.Tensor, page_size: int) -> None:
         self.tensor, self.page_size = tensor, page_size
         self._array = cpu_array(tensor)  # the same memory, for cheap writes on the CPU
         self._cleared: list[tuple[Event, list[int] | None]] = []  # None: after a reset
+        self._handed: list[int] = []  # slots handed out in the open batch
 
     def hand_out(self, slots: Sequence[int], view: Any) -> None:
         """The allocator gave out FULL ``slots`` (just paired): map each to its SWA slot
@@ -70,6 +72,15 @@ class MappingMirror:
         device = tensor.device
         tensor[int64_tensor(slots).to(device)] = int64_tensor(values).to(device)
 
+    def hand_out_at_commit(self, batch: Any, slots: Sequence[int]) -> None:
+        """``hand_out`` for slots the decision in the open ``batch`` gave out, done in this
+        listener's ``after`` (so a listener failing at the commit cannot skip it); a batch
+        without events commits nothing, so they are mapped now."""
+        if batch.events:
+            self._handed.extend(slots)
+        else:
+            self.hand_out(slots, batch.state)
+
     before_events = _UNPAIRING  # the engine calls ``before`` for these alone
 
     def before(self, event: Event, view: Any) -> None:
@@ -86,8 +97,13 @@ class MappingMirror:
     def discard(self, event: Event) -> None:
         self._cleared = [entry for entry in self._cleared if entry[0] is not event]
 
+    def rolled_back(self, events: Sequence[Event]) -> None:
+        """The open batch was undone: nothing it prepared or handed out may reach the tensor."""
+        self._cleared, self._handed = [], []
+
     def after(self, events: Sequence[Event], view: Any) -> None:
         cleared, self._cleared = self._cleared, []
+        handed, self._handed = self._handed, []
         size, peer = self.page_size, view.swa.peer
         gone: list[int] = []
         for _, pages in cleared:
@@ -107,6 +123,7 @@ class MappingMirror:
                 node = view.nodes.get(event.node)
                 if node is not None:
                     self.hand_out([p * size + k for p in node.pages for k in range(size)], view)
+        self.hand_out(handed, view)
 
     def violations(self, view: Any) -> list[str]:
         """Slots whose entry disagrees with the pairing (a write that bypassed the events)."""

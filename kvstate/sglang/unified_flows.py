@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvstate.engine import Engine
+from kvstate.engine import Engine, ListenerError
 from kvstate.planner.swa_decode import DecodeStep, Evictor, plan_decode_step, plan_extend_step
 from kvstate.planner.swa_evict import plan_evict_for_alloc
 from kvstate.planner.swa_match import path_slots
@@ -75,7 +75,9 @@ class UnifiedFlows:
                 batch, self._cursor(req), tokens, up_to=count, finished=req.finished(),
                 fill_len=len(req.get_fill_ids()), window=self.sliding_window_size,
                 at_head=self._at_head)
-        self._write_back(req, cursor, moved=result is not None)
+            # The request follows the events inside the batch: a listener failing at the
+            # commit raises after they are applied.
+            self._write_back(req, cursor, moved=result is not None)
 
     def release_kv_cache(self, req: Any, *, checkpoint: bool = True) -> None:
         """Give the request's row back (with ``checkpoint``: cache what it computed first)."""
@@ -88,10 +90,10 @@ class UnifiedFlows:
             cursor = plan_hybrid_release(batch, cursor, req.full_untruncated_fill_ids,
                                          owned=owned, checkpoint=do_checkpoint,
                                          window=self.sliding_window_size, at_head=self._at_head)
-        if do_checkpoint:
-            req.kv.cache_protected_len = cursor.protected_len
-        req.lock = None
-        req.kv.req_pool_idx = None
+            if do_checkpoint:  # inside the batch: see ``checkpoint``
+                req.kv.cache_protected_len = cursor.protected_len
+            req.lock = None
+            req.kv.req_pool_idx = None
 
     def free_kv_row(self, kv: Any, ranges: list[tuple[int, int]]) -> None:
         """Free ascending, disjoint row ranges of ``kv``'s row (FULL-only where its SWA
@@ -116,7 +118,11 @@ class UnifiedFlows:
         if pages:
             start = max(cursor.evicted, cursor.protected_len)  # where the freed positions begin
             slots = slots_of(self.engine.view, cursor.request, start, moved.evicted)
-            self.token_to_kv_pool_allocator.free_swa_segment(slots, start_pos=start)
+            try:
+                self.token_to_kv_pool_allocator.free_swa_segment(slots, start_pos=start)
+            except ListenerError:  # the free's own batch was applied: the cursor follows it
+                req.kv.set_evicted_seqlen(SWA, moved.evicted)
+                raise
         req.kv.set_evicted_seqlen(SWA, moved.evicted)
 
     def alloc_for_decode(self, reqs: Sequence[Any], *,
@@ -153,10 +159,10 @@ class UnifiedFlows:
         evict = self._decode_evictor() if self.supports_prefix_sharing() else None
         with self.engine.batch() as batch:
             step = plan_decode_step(batch, frees, rows, evict=evict, at_head=self._at_head)
-        for req, evicted in slides:
-            req.kv.set_evicted_seqlen(SWA, evicted)
-        if self.supports_swa():
-            allocator.map_slots(step.slots)
+            for req, evicted in slides:  # inside the batch: see ``checkpoint``
+                req.kv.set_evicted_seqlen(SWA, evicted)
+            if self.supports_swa():
+                allocator.map_slots(batch, step.slots)
         return step
 
     def alloc_for_extend(self, req: Any, end: int, *, prefix_len: int | None = None
@@ -185,8 +191,8 @@ class UnifiedFlows:
         with self.engine.batch() as batch:
             step = plan_extend_step(batch, int(req.kv.req_pool_idx), stop, prefix=prefix,
                                     evict=evict, headroom=0 if size == 1 else size)
-        if self.supports_swa() and step.slots:
-            self.token_to_kv_pool_allocator.map_slots(step.slots)
+            if self.supports_swa() and step.slots:
+                self.token_to_kv_pool_allocator.map_slots(batch, step.slots)
         return step
 
     def _window_slide(self, req: Any, pre_len: int, interval: int) -> tuple[int, list[int]]:

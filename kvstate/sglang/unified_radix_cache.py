@@ -236,10 +236,10 @@ class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
         if self.disable or lock is None or lock.swa_released:
             return
         planned = lock.planned()
-        if planned.swa:
-            with self.engine.batch() as batch:
+        with self.engine.batch() as batch:
+            if planned.swa:
                 plan_release_swa(batch, planned)
-        lock.swa_released = True
+            lock.swa_released = True  # inside the batch: a listener may fail at its commit
 
     def _node_id(self, node: Any) -> int:
         if node is None:
