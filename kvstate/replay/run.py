@@ -41,7 +41,7 @@ from kvstate.invariants.incremental import IncrementalChecker
 from kvstate.log.format import Checkpoint, EndRecord, LogFormatError, LogHeader
 from kvstate.log.limits import tokens_per_slot
 from kvstate.log.reader import LogReader
-from kvstate.replay.tally import Summary, count_after, measure_before, set_units
+from kvstate.replay.tally import HOOKS, Summary, add_type_counts, record_peak, set_units
 from kvstate.state import State, initial_state
 
 Checker = Callable[[Any], list[Violation]]
@@ -167,12 +167,14 @@ class _Loop:
         index = last_checked = 0
         num_pages = result.header.geometry.num_pages
         pending: dict[Any, int] = {}  # requests still in their prefill (kvstate.replay.tally)
+        counts: dict[Any, int] = {}  # accepted events per class, folded into by_type at the end
         last: Event | None = None
         limit = -1 if until is None else until
         # The hot loop binds what it calls per event: the live state's apply (the state
-        # object never changes on the live backend), the tally's two hooks.
+        # object never changes on the live backend) and the tally's hook table; most
+        # events have no hook and only count.
         live_apply = None if self.persistent else self.state.apply
-        before, after = measure_before, count_after
+        hook_of = HOOKS.get
         try:
             for offset, item in reader.records():
                 kind = type(item)
@@ -187,22 +189,29 @@ class _Loop:
                 if index == limit:
                     result.stopped_early = True
                     break
-                state = self.state
-                measure = before(state, item, pending)  # type: ignore[arg-type]
+                hook = hook_of(kind)
+                measured = None
+                if hook is not None and hook.before is not None:
+                    measured = hook.before(self.state, item, pending)
                 try:
                     if live_apply is not None:
                         live_apply(item)
                     else:
-                        self.state = state = apply_valid(state, item)  # type: ignore[arg-type]
+                        self.state = apply_valid(self.state, item)  # type: ignore[arg-type]
                 except InvalidEvent as exc:
                     result.failure = ReplayFailure("invalid_event", exc.precondition, index,
                                                    item, "rules", offset)  # type: ignore[arg-type]
                     break
-                after(summary, pending, item, measure, state, num_pages)  # type: ignore[arg-type]
+                counts[kind] = counts.get(kind, 0) + 1
+                if hook is not None:
+                    if hook.takes_pages:
+                        record_peak(summary, self.state, num_pages)
+                    if hook.after is not None:
+                        hook.after(summary, pending, item, measured)
                 last = item  # type: ignore[assignment]
                 index += 1
                 if on_event is not None:
-                    on_event(index - 1, item, state)  # type: ignore[arg-type]
+                    on_event(index - 1, item, self.state)  # type: ignore[arg-type]
                 if check_every and index % check_every == 0:
                     last_checked = index
                     if self._violated(index - 1, last, offset):
@@ -214,6 +223,7 @@ class _Loop:
         else:
             if result.failure is None and check_every and last_checked != index and index:
                 self._violated(index - 1, last, None)
+        add_type_counts(summary, counts)
         summary.events = index
         return self.state
 

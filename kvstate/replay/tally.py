@@ -41,7 +41,6 @@ from kvstate.events import (
     BlockAlloc,
     BlockHold,
     BlockUncache,
-    Event,
     Evict,
     Load,
     ReqAlloc,
@@ -239,30 +238,40 @@ _AFTER: dict[type, Callable[[Summary, dict[Any, int], Any, Any], None]] = {
 }
 
 
-def measure_before(state: Any, evt: Event, pending: dict[Any, int]) -> Any:
-    """What the event's counter needs from the state before it (None for most events)."""
-    measure = _BEFORE.get(type(evt))
-    return measure(state, evt, pending) if measure is not None else None
-
-
 # The only events that take pages off the device free list: the peak can only move
 # after one of them, so the free list's length is read only then (it costs about a
 # microsecond on the live backend, as much as a small event's rule).
 TAKES_PAGES = frozenset({Allocate, BlockAlloc, BlockHold, Load})
 
 
-def count_after(summary: Summary, pending: dict[Any, int], evt: Event, measure: Any,
-                state: Any, num_pages: int) -> None:
-    """Count an accepted event (``pending``: requests still in their prefill; ``state`` the
-    state after it)."""
+@attrs.frozen
+class Hook:
+    """What the summary does around one event kind: ``before(state, event, pending)``
+    measures the state before the event, ``after(summary, pending, event, measured)``
+    counts it once applied, ``takes_pages`` asks for the free list's length after it."""
+
+    before: Callable[[Any, Any, dict[Any, int]], Any] | None
+    after: Callable[[Summary, dict[Any, int], Any, Any], None] | None
+    takes_pages: bool
+
+
+# Event kind -> its hook; kinds not listed only count in ``by_type``.  The replay loop
+# reads this table once per event instead of calling two functions for every event.
+HOOKS: dict[type, Hook] = {
+    kind: Hook(_BEFORE.get(kind), _AFTER.get(kind), kind in TAKES_PAGES)
+    for kind in {*_BEFORE, *_AFTER, *TAKES_PAGES}
+}
+
+
+def record_peak(summary: Summary, state: Any, num_pages: int) -> None:
+    """After an event that takes pages: raise the peak of pages in use if it grew."""
+    used = num_pages - len(state.free_pages)
+    if used > summary.peak_pages_used:
+        summary.peak_pages_used = used
+
+
+def add_type_counts(summary: Summary, counts: dict[Any, int]) -> None:
+    """Fold the replay loop's per-class event counts into ``by_type`` (by tag)."""
     by_type = summary.by_type
-    tag = evt.TAG
-    by_type[tag] = by_type.get(tag, 0) + 1
-    kind = type(evt)
-    if kind in TAKES_PAGES:
-        used = num_pages - len(state.free_pages)
-        if used > summary.peak_pages_used:
-            summary.peak_pages_used = used
-    count = _AFTER.get(kind)
-    if count is not None:
-        count(summary, pending, evt, measure)
+    for kind, count in counts.items():
+        by_type[kind.TAG] = by_type.get(kind.TAG, 0) + count
