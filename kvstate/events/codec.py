@@ -35,6 +35,7 @@ Upcaster = Callable[[Fields], Fields]
 Registry = dict[tuple[str, int], Upcaster]
 
 UPCASTERS: Registry = {}  # (tag, from_version) -> fields at from_version + 1
+_MISSING = object()
 
 
 class EventDecodeError(ValueError):
@@ -105,6 +106,7 @@ class Codec:
         self._encode = self._encoder.encode
         self._decoder = msgspec.msgpack.Decoder(Union[types])  # type: ignore[valid-type]  # noqa: UP007
         self._list_decoder = msgspec.msgpack.Decoder(list[Union[types]])  # type: ignore[valid-type]  # noqa: UP007
+        self._list_decoders: dict[tuple[tuple[str, int], ...], Any] = {}  # per header's versions
         self.versions = {cls.TAG: cls.VERSION for cls in types}
         # msgspec writes a fixarray header and a two-byte fixstr tag; a record has the
         # version after the tag.  ``_record_prefix`` gives each class its record's first 5
@@ -149,19 +151,25 @@ class Codec:
         """The validated events of ``encode_plain_list``'s array, written with ``versions``
         (tag -> version, e.g. a log header's ``event_versions``).
 
-        When ``versions`` equals this codec's for every tag, one typed decode validates the
-        whole list in C.  Otherwise (an older writer, or any error) each item becomes a
-        record ``[tag, version, *fields]`` and goes through :meth:`decode`: upcasters, and
-        an error that names the item and the field.
+        One typed decode validates the whole list in C, over the event types whose version
+        ``versions`` gives as this codec's; the result is accepted only when it encodes back
+        to exactly ``body`` (msgspec would fill a trailing field left out with its default,
+        which a record must not do).  Anything else (an item of an older version, another
+        encoder's wider headers, any error) takes the path of single records item by item:
+        upcasters, and an error that names the item and the field.
         """
         if self.stale():
             self.refresh()
-        if versions == self.versions or all(versions.get(tag) == version
-                                            for tag, version in self.versions.items()):
+        decoder = self._list_decoder if versions == self.versions else \
+            self._decoder_for(versions)
+        if decoder is not None:
             try:
-                return self._list_decoder.decode(body)  # type: ignore[no-any-return]
+                events: list[Event] = decoder.decode(body)
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
                 pass  # named precisely below
+            else:
+                if self._encoder.encode(events) == body:
+                    return events
         try:
             items = _RAW_ITEMS.decode(body)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -173,6 +181,21 @@ class Codec:
             except EventDecodeError as exc:
                 raise EventDecodeError(f"item {index}: {exc}") from None
         return events
+
+    def _decoder_for(self, versions: dict[str, int]) -> Any:
+        """A list decoder over the event types at the version ``versions`` gives (None: no
+        type is), cached per distinct map (a log's header has one)."""
+        key = tuple(sorted((tag, version) for tag, version in versions.items()
+                           if type(tag) is str and type(version) is int))
+        cached = self._list_decoders.get(key, _MISSING)
+        if cached is _MISSING:
+            types = tuple(cls for cls in self.types.values() if versions.get(cls.TAG) == cls.VERSION
+                          and type(versions.get(cls.TAG)) is int)
+            cached = msgspec.msgpack.Decoder(list[Union[types]]) if types else None  # type: ignore[valid-type]  # noqa: UP007
+            if len(self._list_decoders) >= 16:  # bounded, whatever many headers are read
+                self._list_decoders.clear()
+            self._list_decoders[key] = cached
+        return cached
 
     def _record_of(self, item: bytes, versions: dict[str, int]) -> bytes:
         """``[tag, *fields]`` made ``[tag, version, *fields]`` with the tag's version in

@@ -140,21 +140,28 @@ class Recorder:
                 self._next_checkpoint = (writer.count // every + 1) * every
             elif len(writer.pending) >= writer.block_events:
                 writer.seal()
-            seal_at = writer.block_events
-            if self._next_checkpoint > 0:
-                seal_at = min(seal_at, self._next_checkpoint - writer.sealed)
-            self._seal_at = seal_at
+            self._arm(writer)
         except BaseException as exc:
             self.failed = exc
             raise
+
+    def _arm(self, writer: LogWriter) -> None:
+        """The pending length at which ``after`` calls ``_seal`` next: a full block, or the
+        next checkpoint (counted from the events the writer has sealed)."""
+        seal_at = writer.block_events
+        if self._next_checkpoint > 0:
+            seal_at = min(seal_at, self._next_checkpoint - writer.sealed)
+        self._seal_at = seal_at
 
     @property
     def count(self) -> int:
         return 0 if self.writer is None else self.writer.count
 
     def flush(self) -> None:
+        """Seal the pending events and hand everything written to the OS."""
         if self.writer is not None:
             self.writer.flush()
+            self._arm(self.writer)  # the seal moved the count the next checkpoint is due at
 
     def close(self) -> None:
         """Detach and finish the log: the end record with the engine's fingerprint, fsync.

@@ -123,6 +123,8 @@ class LogWriter:
 
     # -- records --------------------------------------------------------------
     def write_event(self, evt: Event) -> None:
+        if self.closed:
+            raise ValueError(f"the log writer of {self.path} is closed")
         pending = self.pending
         pending.append(evt)
         if len(pending) >= self.block_events:
@@ -141,7 +143,11 @@ class LogWriter:
     def _seal_pending(self) -> None:
         pending = self.pending
         if pending:
-            for body in _block_bodies(pending):  # all encoded before any is appended
+            if self.closed:
+                raise ValueError(f"the log writer of {self.path} is closed")
+            bodies = [body for start in range(0, len(pending), MAX_BLOCK_EVENTS)
+                      for body in _block_bodies(pending[start:start + MAX_BLOCK_EVENTS])]
+            for body in bodies:  # all encoded before any is appended
                 self._write_body(body)
             self.sealed += len(pending)
             pending.clear()
@@ -170,6 +176,10 @@ class LogWriter:
         """Seal the pending events and hand the buffered records to the OS (they survive a
         crash of this process)."""
         self._seal_pending()
+        self._write_out()
+
+    def _write_out(self) -> None:
+        """Hand the buffered frames to the OS."""
         if self._buf:
             self._digest.update(memoryview(self._buf)[self._hashed:])
             self._hashed = 0
@@ -185,7 +195,11 @@ class LogWriter:
         if self.closed:
             return
         try:
-            self._seal_pending()
+            try:
+                self._seal_pending()
+            except BaseException:
+                self._write_out()  # the blocks sealed before reach the file all the same
+                raise
             if final_fingerprint is not None:
                 self._write_body(end_body(self._packer, self.count, final_fingerprint,
                                           self.digest()))
@@ -199,20 +213,37 @@ class LogWriter:
     def abandon(self) -> None:
         """Flush what is buffered and close without an end record (the log reads as truncated).
 
-        Pending events that cannot be encoded are dropped (the log ends before them)."""
+        When a pending event cannot be encoded, the events before it are kept and the log
+        ends there."""
         try:
             self._seal_pending()
         except Exception:  # noqa: BLE001 - whatever broke the encoding, the rest must reach disk
-            self.pending.clear()
+            self.pending[:] = self.pending[:_encodable_prefix(self.pending)]
+            self._seal_pending()
         self.close(None)
 
 
+def _encodable_prefix(events: list[Event]) -> int:
+    """How many of ``events``, from the first, encode within the record limit."""
+    for index, event in enumerate(events):
+        try:
+            _block_bodies([event])
+        except Exception:  # noqa: BLE001 - any encoding failure ends the prefix
+            return index
+    return len(events)
+
+
 def _block_bodies(events: list[Event]) -> list[bytearray]:
-    """Event block bodies for ``events``: one, or more when one would pass the record limit."""
+    """Event block bodies for ``events`` (at most ``MAX_BLOCK_EVENTS``): one, or more when
+    one would pass the record limit.  ``ValueError`` for one event that alone passes it (no
+    reader would read the log)."""
     body = bytearray(BLOCK_PREFIX)
     CODEC.encode_plain_list(events, body)
-    if len(body) <= MAX_RECORD_BYTES or len(events) == 1:
+    if len(body) <= MAX_RECORD_BYTES:
         return [body]
+    if len(events) == 1:
+        raise ValueError(f"{type(events[0]).__name__} encodes to {len(body)} bytes, over the "
+                         f"{MAX_RECORD_BYTES}-byte record limit of a log")
     half = len(events) // 2
     return _block_bodies(events[:half]) + _block_bodies(events[half:])
 
