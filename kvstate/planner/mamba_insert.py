@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
+import msgspec
 
 from kvstate.events import Insert, MambaCommit, MambaTouch, Touch
 from kvstate.planner.builder import Builder
@@ -34,8 +34,7 @@ from kvstate.planner.tree_ops import common_prefix
 from kvstate.state import ROOT, RequestId, expand_pages
 
 
-@attrs.frozen
-class MambaInsertSpec:
+class MambaInsertSpec(msgspec.Struct, frozen=True, gc=False):
     """What SGLang's ``InsertParams`` carry besides the key and the FULL value."""
 
     window: int | None = None  # the SWA window (None: no SWA pool)
@@ -44,8 +43,7 @@ class MambaInsertSpec:
     at_head: bool = False  # FULL frees at the head (pages) or the tail (tokens)
 
 
-@attrs.frozen
-class MambaInserted:
+class MambaInserted(msgspec.Struct, frozen=True, gc=False):
     prefix_len: int  # tokens the tree had already
     last_node: int  # the node the key ends at (it holds a state afterwards)
     mamba_exist: bool  # the node had a state already: the inserter keeps its slot

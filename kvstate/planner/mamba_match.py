@@ -25,6 +25,7 @@ A request's lock is ``Lock`` (FULL path), ``SwaLock`` (one window) and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import msgspec
@@ -49,6 +50,7 @@ class MambaMatch(msgspec.Struct, frozen=True, gc=False):
     swa_branching_seqlen: int | None = None
     mamba_branching_seqlen: int | None = None
     state: int = 0
+    pages: tuple[int, ...] = ()  # the FULL pages from the root to ``last_node``
 
 
 class MambaReceipt(msgspec.Struct, frozen=True, gc=False):
@@ -109,12 +111,15 @@ def plan_mamba_match(b: Builder, key: Sequence[int], *, grid: int,
     slot = state_of(b.state, best)
     if slot:
         b.emit(MambaTouch(best, b.state.clock + 1))
-    b.emit(Touch((*_path(b.state.nodes, best), ROOT), b.state.clock + 1))
+    nodes = b.state.nodes
+    path = _path(nodes, best)
+    b.emit(Touch((*path, ROOT), b.state.clock + 1))
     page_floor = full_hit // size * size
     grid_floor = full_hit // grid * grid
+    pages = tuple(chain.from_iterable([nodes[n].pages for n in reversed(path)]))
     return MambaMatch(best_len, best, full_hit,
                       page_floor if window is not None and page_floor > best_len else None,
-                      grid_floor if grid_floor > best_len else None, slot)
+                      grid_floor if grid_floor > best_len else None, slot, pages)
 
 
 def _path(nodes: Any, node_id: int) -> list[int]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
+import msgspec
 
 from kvstate.events import Free, FreeMapped, Insert, SwaAdopt, SwaFree, SwaRebind, Touch
 from kvstate.planner.builder import Builder
@@ -37,15 +37,13 @@ from kvstate.planner.tree_ops import common_prefix
 from kvstate.state import DETACHED, ROOT, RequestId, expand_pages
 
 
-@attrs.frozen
-class UnifiedInsert:
+class UnifiedInsert(msgspec.Struct, frozen=True, gc=False):
     prefix_len: int  # tokens the tree had already (the request's copies of them are freed)
     last_node: int
     branch_inserted: bool = False  # the key reached the request's SWA branching seqlen
 
 
-@attrs.frozen
-class InsertSpec:
+class InsertSpec(msgspec.Struct, frozen=True, gc=False):
     """What SGLang's ``InsertParams`` carry for the SWA component."""
 
     window: int

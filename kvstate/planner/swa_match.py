@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
-import attrs
+import msgspec
 
 from kvstate.events import Lock, Split, SwaLock, SwaTouch, SwaUnlock, Touch, Unlock
 from kvstate.planner.builder import Builder
@@ -33,8 +33,7 @@ from kvstate.planner.tree_ops import common_prefix
 from kvstate.state import ROOT, expand_pages
 
 
-@attrs.frozen
-class UnifiedMatch:
+class UnifiedMatch(msgspec.Struct, frozen=True, gc=False):
     """A hybrid match: ``length`` hit tokens ending at ``last_node`` (SWA-valid), the FULL
     reach ``full_hit``, and the branch point (``None`` when the hit reaches it)."""
 
@@ -45,8 +44,7 @@ class UnifiedMatch:
     pages: tuple[int, ...] = ()
 
 
-@attrs.frozen
-class Receipt:
+class Receipt(msgspec.Struct, frozen=True, gc=False):
     """What unlocking a hybrid tree lock needs: the node and its window's receipt (0: the
     window reached the root; ``swa=False``: no SWA part was taken, or it was released)."""
 
@@ -180,7 +178,7 @@ def plan_release_swa(b: Builder, receipt: Receipt) -> Receipt:
     if receipt.node == ROOT or not receipt.swa:
         return receipt
     b.emit(SwaUnlock(receipt.node, receipt.uuid))
-    return attrs.evolve(receipt, swa=False)
+    return msgspec.structs.replace(receipt, swa=False)
 
 
 def plan_unified_unlock(b: Builder, receipt: Receipt) -> None:

@@ -201,7 +201,7 @@ def mamba_commit(s: Any, event: MambaCommit) -> None:
         raise Reject(f"node {event.node} already holds Mamba state {component.slot}")
     _check_held(tier, (event.slot,), "Mamba slot")
     _drop_holds(tier, (event.slot,))
-    _setcomponent_of(tier, event.node, component._replace(slot=event.slot, stamp=event.time))
+    _setcomponent_of(tier, event.node, MambaNode(event.slot, component.lock_ref, event.time))
     tier.slot_node[event.slot] = event.node
     if component.lock_ref:
         tier.protected += 1
@@ -221,7 +221,7 @@ def mamba_touch(s: Any, event: MambaTouch) -> None:
     component = component_of(tier, event.node)
     if not component.slot:
         raise Reject(f"node {event.node} holds no Mamba state (not in the Mamba LRU)")
-    tier.nodes[event.node] = component._replace(stamp=event.time)
+    tier.nodes[event.node] = MambaNode(component.slot, component.lock_ref, event.time)
     s.clock = event.time
     if s.touched is not None:
         s.touched.nodes.add(event.node)
@@ -241,7 +241,8 @@ def mamba_lock(s: Any, event: MambaLock) -> None:
     if not component.lock_ref:
         tier.evictable -= 1
         tier.protected += 1
-    tier.nodes[event.node] = component._replace(lock_ref=component.lock_ref + 1)
+    tier.nodes[event.node] = MambaNode(component.slot, component.lock_ref + 1,
+                                       component.stamp)
     if s.touched is not None:
         s.touched.nodes.add(event.node)
 
@@ -256,7 +257,8 @@ def mamba_unlock(s: Any, event: MambaUnlock) -> None:
     if component.slot and component.lock_ref == 1:
         tier.protected -= 1
         tier.evictable += 1
-    _setcomponent_of(tier, event.node, component._replace(lock_ref=component.lock_ref - 1))
+    _setcomponent_of(tier, event.node,
+                     MambaNode(component.slot, component.lock_ref - 1, component.stamp))
     if s.touched is not None:
         s.touched.nodes.add(event.node)
 

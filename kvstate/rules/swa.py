@@ -115,7 +115,7 @@ def swa_evict(s: Any, event: SwaEvict) -> None:
     for node_id in event.nodes:
         node = s.node_w(node_id)
         _push(pool, [peer.pop(page) for page in node.pages], event.at_head)
-        node.swa = node.swa._replace(live=False, stamp=0)
+        node.swa = SwaNode(False, node.swa.lock_ref, node.swa.uuid, 0)
         pool.evictable -= len(node.key)
         if s.touched is not None:
             s.touched.pages.update(node.pages)
@@ -134,7 +134,7 @@ def swa_publish(s: Any, event: SwaPublish) -> None:
     if missing:
         raise Reject(f"node {event.node} page {missing[0]} has no SWA page to publish")
     credit(pool, swa, len(node.key))
-    s.node_w(event.node).swa = swa._replace(live=True, stamp=event.time)
+    s.node_w(event.node).swa = SwaNode(True, swa.lock_ref, swa.uuid, event.time)
     s.clock = event.time
     if s.touched is not None:
         s.touched.nodes.add(event.node)
@@ -156,7 +156,8 @@ def swa_touch(s: Any, event: SwaTouch) -> None:
             _check_ancestor(nodes, event.nodes[index - 1], node_id)
     for node_id in event.nodes:
         node = s.node_w(node_id)
-        node.swa = node.swa._replace(stamp=event.time)
+        swa = node.swa
+        node.swa = SwaNode(swa.live, swa.lock_ref, swa.uuid, event.time)
     s.clock = event.time
     if s.touched is not None:
         s.touched.nodes.update(event.nodes)
@@ -218,8 +219,8 @@ def swa_lock(s: Any, event: SwaLock) -> None:
         if swa.lock_ref == 0 and swa.live:
             pool.evictable -= len(node.key)
             pool.protected += len(node.key)
-        node.swa = swa._replace(lock_ref=swa.lock_ref + 1,
-                                uuid=event.uuid if fresh and node_id == event.top else swa.uuid)
+        node.swa = SwaNode(swa.live, swa.lock_ref + 1,
+                           event.uuid if fresh and node_id == event.top else swa.uuid, swa.stamp)
     if fresh:
         pool.next_uuid += 1
     if s.touched is not None:
@@ -244,6 +245,6 @@ def swa_unlock(s: Any, event: SwaUnlock) -> None:
         if swa.lock_ref == 1 and swa.live:
             pool.evictable += len(node.key)
             pool.protected -= len(node.key)
-        node.swa = swa._replace(lock_ref=swa.lock_ref - 1)
+        node.swa = SwaNode(swa.live, swa.lock_ref - 1, swa.uuid, swa.stamp)
     if s.touched is not None:
         s.touched.nodes.update(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvstate.events import SwaAdopt, SwaRebind
+from kvstate.records import SwaNode
 from kvstate.rules.common import bump_counts, check_distinct, check_page_id, check_time
 from kvstate.rules.registry import Reject, rule
 from kvstate.rules.swa import credit, pool_of, swa_node
@@ -66,7 +67,7 @@ def swa_adopt(s: Any, event: SwaAdopt) -> None:
     credit(pool, swa, len(node.key))
     written = s.node_w(event.node)
     written.pages = tuple(event.pages)
-    written.swa = swa._replace(live=True, stamp=event.time)
+    written.swa = SwaNode(True, swa.lock_ref, swa.uuid, event.time)
     s.clock = event.time
     if s.touched is not None:
         s.touched.pages.update(old)
@@ -83,7 +84,7 @@ def swa_rebind(s: Any, event: SwaRebind) -> None:
     for kept, incoming in zip(node.pages, event.pages, strict=True):
         peer[kept] = peer.pop(incoming)
     credit(pool, swa, len(node.key))
-    s.node_w(event.node).swa = swa._replace(live=True, stamp=event.time)
+    s.node_w(event.node).swa = SwaNode(True, swa.lock_ref, swa.uuid, event.time)
     s.clock = event.time
     if s.touched is not None:
         s.touched.pages.update(node.pages)

@@ -144,8 +144,9 @@ def split(s: Any, event: Split) -> None:
         page_node[page] = event.new_node
     bottom = s.node_w(event.node)
     bottom.parent, bottom.key, bottom.pages = event.new_node, key[at:], node.pages[cut:]
-    if node.swa is not None and node.swa.uuid:
-        bottom.swa = node.swa._replace(uuid=0)
+    swa = node.swa
+    if swa is not None and swa.uuid:
+        bottom.swa = SwaNode(swa.live, swa.lock_ref, 0, swa.stamp)
     s.add_node(event.new_node, top)
     s.next_node_id = event.new_node + 1
     s.clock = event.time

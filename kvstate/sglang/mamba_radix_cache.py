@@ -177,6 +177,7 @@ class MambaUnifiedRadixCache(MambaFlows, UnifiedRadixCache):
                 req.kv.mamba_pool_idx, req.kv.mamba_cow_src_index = slot, found.state
         if cow and found.state and not slot:  # raised after the batch: the eviction it tried stays
             raise MemoryError("no Mamba slot for the copy-on-match, even after eviction")
+        self._matched_path = (found.last_node, self.engine.view.seq, found.pages)
         node = TreeNode(self, found.last_node)
         return MatchResult(found.length, node, node, node,
                            swa_branching_seqlen=found.swa_branching_seqlen,

@@ -31,6 +31,7 @@ from kvstate.state import slot_span
 CHECK_NAME = "req_to_token"
 
 Write = tuple[int, int, Sequence[int]]  # (row, first position, slots)
+_WRITING = frozenset({Allocate, Assign, Scatter, Share})  # the events that write table entries
 
 
 class TableMirror:
@@ -69,6 +70,8 @@ class TableMirror:
         prepared, self._prepared = self._prepared, []
         given, self._given = self._given, None
         for event in events:
+            if type(event) not in _WRITING:  # most events of a batch write no table entry
+                continue
             if given is not None and given[0] is event:
                 self._write_given(event, given[1])
             elif isinstance(event, Scatter):

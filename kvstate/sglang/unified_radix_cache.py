@@ -46,10 +46,15 @@ from kvstate.sglang.pool import ReqToTokenPool
 from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
 from kvstate.sglang.tree_view import TreeNode
 from kvstate.sglang.unified_flows import UnifiedFlows
-from kvstate.state import DETACHED, ROOT, pages_of
+from kvstate.state import DETACHED, ROOT, expand_pages, pages_of
+
+_EMPTY_PATH = torch.empty((0,), dtype=torch.int64)  # the root's path; nobody writes to it
 
 
 class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
+    # The last match's node, the engine's sequence number after it and its path's pages
+    # (``path_device_indices`` reads them while no event has happened since).
+    _matched_path: tuple[int, int, tuple[int, ...]] | None = None
     def __new__(cls, params: Any = None) -> Any:
         """A tree whose components name MAMBA is a ``kvstate.sglang.mamba_radix_cache.
         MambaUnifiedRadixCache`` (a subclass)."""
@@ -130,8 +135,17 @@ class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
                 int(view.swa.evictable + view.swa.protected))
 
     def path_device_indices(self, node: TreeNode | None) -> torch.Tensor:
-        """The FULL slots from the root to ``node`` (int64)."""
-        return int64_tensor(path_slots(self.engine.view, self._node_id(node)))
+        """The FULL slots from the root to ``node`` (int64).  Right after a match, the path
+        the match walked (no event since) is read from it instead of walking it again; the
+        root's path is one shared empty tensor, as SGLang shares its empty prefix."""
+        node_id = self._node_id(node)
+        if node_id == ROOT:
+            return _EMPTY_PATH
+        view = self.engine.view
+        matched = self._matched_path
+        if matched is not None and matched[0] == node_id and matched[1] == view.seq:
+            return int64_tensor(expand_pages(matched[2], self.page_size))
+        return int64_tensor(path_slots(view, node_id))
 
     def prefix_device_indices(self, req: Any) -> torch.Tensor:
         return self.path_device_indices(req.last_node)[: req.prefix_len]
@@ -144,6 +158,7 @@ class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
             return MatchResult(0, self.root_node, self.root_node, self.root_node)
         with self.engine.batch() as batch:
             found = plan_unified_match(batch, tokens, window=self.sliding_window_size)
+        self._matched_path = (found.last_node, self.engine.view.seq, found.pages)
         node = TreeNode(self, found.last_node)
         return MatchResult(found.length, node, node, node, swa_branching_seqlen=found.branching_seqlen,
                            full_kv_hit_length=found.full_hit)
