@@ -35,19 +35,8 @@ from kvstate.sglang.params import EvictParams, MatchPrefixParams, RadixKey
 from kvstate.sglang.pool import ReqToTokenPool
 from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
 from kvstate.sglang.unified_radix_cache import UnifiedRadixCache
+from tests.listener_helpers import FailingListener
 from tests.sglang_helpers import build
-
-
-class _FailingListener:
-    """Fails at the commit of every ``every``-th batch it sees (then the engine detaches it)."""
-
-    def __init__(self, every: int) -> None:
-        self.every, self.seen = every, 0
-
-    def after(self, events: Any, view: Any) -> None:
-        self.seen += 1
-        if self.seen % self.every == 0:
-            raise RuntimeError("listener failure")
 
 
 class _Calls:
@@ -56,7 +45,7 @@ class _Calls:
 
     def __init__(self, engine: Any, failing: bool) -> None:
         self.engine, self.failing = engine, failing
-        self.listener = _FailingListener(3)
+        self.listener = FailingListener(3)
         self.failures = 0
 
     def __call__(self, fn: Any, *args: Any, **kwargs: Any) -> Any:

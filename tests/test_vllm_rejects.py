@@ -17,6 +17,7 @@ import pytest
 from kvstate.invariants import check
 from kvstate.vllm.manager import KVCacheBlocks, KVCacheManager
 from kvstate.vllm.request import Request
+from tests.listener_helpers import FailingListener
 from tests.vllm_helpers import admit, ids
 
 BS = 4
@@ -155,24 +156,12 @@ def test_refused_allocation_keeps_only_the_window_release() -> None:
     assert check(manager.engine.view) == []
 
 
-class _FailingListener:
-    """Fails at the commit of every ``every``-th batch it sees (then the engine detaches it)."""
-
-    def __init__(self, every: int) -> None:
-        self.every, self.seen = every, 0
-
-    def after(self, events: Any, view: Any) -> None:
-        self.seen += 1
-        if self.seen % self.every == 0:
-            raise RuntimeError("listener failure")
-
-
 def _serve(manager: Any, failing: bool) -> list[Any]:
     """A scheduler-like run (admissions with hits, decodes, frees); with ``failing``, a listener
     that keeps failing at commits is re-attached after each failure."""
     from kvstate.engine import ListenerError
 
-    listener = _FailingListener(3)
+    listener = FailingListener(3)
     trace: list[Any] = []
 
     def call(fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -200,22 +200,14 @@ class Codec:
     def _record_of(self, item: bytes, versions: dict[str, int]) -> bytes:
         """``[tag, *fields]`` made ``[tag, version, *fields]`` with the tag's version in
         ``versions``."""
-        count = _array_count(item)
-        if count is None or count < 1:
-            raise EventDecodeError("item is not an array [tag, *fields]")
-        if count + 1 > MAX_RECORD_ITEMS:
-            raise EventDecodeError(f"item has {count - 1} fields, more than any event has")
-        try:
-            parts = _RAW_ITEMS.decode(item)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise EventDecodeError(f"item is not valid msgpack ({exc})") from None
+        parts = _raw_items(item, "item", "[tag, *fields]", 1)
         tag = _scalar(parts[0], str)
         if type(tag) is not str:
             raise EventDecodeError(f"item tag is {_shown(parts[0])}")
         version = versions.get(tag)
         if type(version) is not int or not 0 <= version < 1 << 16:
             raise EventDecodeError(f"the header gives no version for event tag {tag!r}")
-        return b"".join((_array_header(count + 1), bytes(parts[0]),
+        return b"".join((_array_header(len(parts) + 1), bytes(parts[0]),
                          msgspec.msgpack.encode(version), *(bytes(part) for part in parts[1:])))
 
     def decode(self, body: bytes, upcasters: Registry | None = None) -> Event:
@@ -244,15 +236,7 @@ class Codec:
         alone, and the fields go through the same typed decoder as the fast path.
         Only a registered upcaster chain decodes old fields generically.
         """
-        count = _array_count(body)
-        if count is None or count < 2:
-            raise EventDecodeError("record is not an array [tag, version, *fields]")
-        if count > MAX_RECORD_ITEMS:
-            raise EventDecodeError(f"record has {count - 2} fields, more than any event has")
-        try:
-            items = _RAW_ITEMS.decode(body)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise EventDecodeError(f"record body is not valid msgpack ({exc})") from None
+        items = _raw_items(body, "record", "[tag, version, *fields]", 2)
         tag = _scalar(items[0], str)
         cls = self.types.get(tag) if type(tag) is str else None
         if cls is None and self.stale():
@@ -292,7 +276,22 @@ _RAW_ITEMS = msgspec.msgpack.Decoder(list[msgspec.Raw])
 _PATH = re.compile(r"^(?P<what>.*?)(?: - at `\$\[(?P<index>\d+)\](?P<rest>[^`]*)`)?$", re.S)
 
 
-def _array_count(body: bytes) -> int | None:
+def _raw_items(body: bytes, what: str, shape: str, leading: int) -> list[msgspec.Raw]:
+    """The top-level elements of ``body`` as raw msgpack, for an array of ``leading`` items
+    (tag, maybe version) before the fields; the size is checked from the array header
+    before anything is decoded."""
+    count = array_count(body)
+    if count is None or count < leading:
+        raise EventDecodeError(f"{what} is not an array {shape}")
+    if count - leading + 2 > MAX_RECORD_ITEMS:
+        raise EventDecodeError(f"{what} has {count - leading} fields, more than any event has")
+    try:
+        return _RAW_ITEMS.decode(body)  # type: ignore[no-any-return]
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise EventDecodeError(f"{what} body is not valid msgpack ({exc})") from None
+
+
+def array_count(body: bytes | memoryview) -> int | None:
     """The element count of a msgpack array header at the start of ``body`` (None: not one)."""
     if not body:
         return None

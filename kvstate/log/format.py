@@ -40,6 +40,7 @@ import attrs
 import msgpack
 import msgspec
 
+from kvstate.events.codec import array_count
 from kvstate.log.limits import DEFAULT_LIMITS, Limits, check_limits, meta_problem
 from kvstate.state import Geometry
 
@@ -214,14 +215,7 @@ def block_count(body: bytes | memoryview) -> int | None:
     reader refuses an absurd count before decoding anything."""
     if len(body) < 6 or body[:5] != BLOCK_PREFIX:
         return None
-    first = body[5]
-    if 0x90 <= first <= 0x9F:
-        return first & 0x0F
-    if first == 0xDC and len(body) >= 8:
-        return int.from_bytes(body[6:8], "big")
-    if first == 0xDD and len(body) >= 10:
-        return int.from_bytes(body[6:10], "big")
-    return None
+    return array_count(body[5:])
 
 
 # -- encoding -------------------------------------------------------------------
