@@ -4,9 +4,10 @@
 (or any front end object with an ``.engine``: the SGLang pool, allocator and
 cache share one; so do the seed-002 and vLLM front ends).  It receives each
 committed batch whole and hands its events to the writer, which seals them
-into event blocks (a block ends at a batch boundary, so a batch is in the
-log entirely or not at all; the events are immutable, so holding them until
-the block is sealed is safe), writes a checkpoint at the end
+into event blocks (a block ends at a batch boundary unless one batch alone
+passes a block's limits, so a batch is in the log entirely or not at all; the
+events are immutable, so holding them until the block is sealed is safe),
+writes a checkpoint at the end
 of the first batch that reaches each ``checkpoint_every`` boundary (a
 checkpoint always fingerprints a state some decision left, never one in the
 middle of a decision), and the end record on close.  The header is written
