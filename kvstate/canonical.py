@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import msgpack
 
+from kvstate.msgpack_raw import array_header
+
 ENCODING_VERSION = 1
 _CHUNK = 1 << 16
 
@@ -38,24 +40,16 @@ def _child_order(item: tuple[Any, int]) -> tuple[int, Any]:
     return (1, tuple(key)) if isinstance(key, tuple) else (0, key)
 
 
-def _array_header(length: int) -> bytes:
-    if length < 16:
-        return bytes((0x90 | length,))
-    if length < 1 << 16:
-        return b"\xdc" + length.to_bytes(2, "big")
-    return b"\xdd" + length.to_bytes(4, "big")
-
-
 def _stream_ints(sink: _Sink, items: Iterable[int], length: int) -> None:
     """An msgpack array of ``length`` ints, packed chunk by chunk."""
-    sink.update(_array_header(length))
+    sink.update(array_header(length))
     iterator: Iterator[int] = iter(items)
     while True:
         chunk = list(islice(iterator, _CHUNK))
         if not chunk:
             return
         packed = msgpack.packb(chunk)
-        sink.update(packed[len(_array_header(len(chunk))):])
+        sink.update(packed[len(array_header(len(chunk))):])
 
 
 def _core_parts(state: Any) -> list[Any]:
@@ -125,7 +119,7 @@ def encode_core(state: Any, sink: _Sink) -> None:
     (shape, clock, holders, page_node, generations, requests, nodes, next_node_id,
      evictable, protected) = _core_parts(state)
     pack = msgpack.Packer(use_bin_type=True).pack
-    sink.update(_array_header(13))
+    sink.update(array_header(13))
     sink.update(pack(ENCODING_VERSION) + pack(shape) + pack(clock))
     _stream_ints(sink, state.free_pages, len(state.free_pages))
     sink.update(pack(holders) + pack(page_node))

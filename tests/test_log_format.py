@@ -238,10 +238,16 @@ def test_recorder_flush_policy_and_fsync_on_close(tmp_path, monkeypatch):
     assert len(read_events(path)[1]) == 39
 
 
-def test_recorder_small_blocks_and_flush_bytes_flush_as_it_goes(tmp_path):
+def _flushing_recorder(tmp_path: Path, block_events: int) -> tuple[Engine, Path, Recorder]:
+    """An engine recorded with every sealed block handed to the OS at once."""
     engine = Engine(Geometry(num_pages=64))
-    path = tmp_path / "f.kvlog"
-    recorder = Recorder(engine, path, checkpoint_every=0, flush_bytes=1, block_events=1)
+    path = tmp_path / f"blocks_of_{block_events}.kvlog"
+    recorder = Recorder(engine, path, checkpoint_every=0, flush_bytes=1, block_events=block_events)
+    return engine, path, recorder
+
+
+def test_recorder_small_blocks_and_flush_bytes_flush_as_it_goes(tmp_path):
+    engine, path, recorder = _flushing_recorder(tmp_path, 1)
     engine.apply(Allocate((1,)))
     first = path.stat().st_size
     engine.apply(Allocate((2,)))
@@ -251,9 +257,7 @@ def test_recorder_small_blocks_and_flush_bytes_flush_as_it_goes(tmp_path):
 
 
 def test_recorder_holds_events_until_its_block_is_sealed(tmp_path):
-    engine = Engine(Geometry(num_pages=64))
-    path = tmp_path / "b.kvlog"
-    recorder = Recorder(engine, path, checkpoint_every=0, flush_bytes=1, block_events=3)
+    engine, path, recorder = _flushing_recorder(tmp_path, 3)
     engine.apply(Allocate((1,)))
     header_only = path.stat().st_size
     engine.apply(Allocate((2,)))

@@ -29,6 +29,7 @@ import msgpack
 import msgspec
 
 from kvstate.events.base import EVENT_TYPES, Event
+from kvstate.msgpack_raw import RAW_ITEMS, array_count, array_header, raw_kind, raw_scalar, shown
 
 Fields = tuple[Any, ...]
 Upcaster = Callable[[Fields], Fields]
@@ -171,7 +172,7 @@ class Codec:
                 if self._encoder.encode(events) == body:
                     return events
         try:
-            items = _RAW_ITEMS.decode(body)
+            items = RAW_ITEMS.decode(body)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise EventDecodeError(f"event list is not a msgpack array ({exc})") from None
         events = []
@@ -201,13 +202,13 @@ class Codec:
         """``[tag, *fields]`` made ``[tag, version, *fields]`` with the tag's version in
         ``versions``."""
         parts = _raw_items(item, "item", "[tag, *fields]", 1)
-        tag = _scalar(parts[0], str)
+        tag = raw_scalar(parts[0], str)
         if type(tag) is not str:
-            raise EventDecodeError(f"item tag is {_shown(parts[0])}")
+            raise EventDecodeError(f"item tag is {shown(parts[0])}")
         version = versions.get(tag)
         if type(version) is not int or not 0 <= version < 1 << 16:
             raise EventDecodeError(f"the header gives no version for event tag {tag!r}")
-        return b"".join((_array_header(len(parts) + 1), bytes(parts[0]),
+        return b"".join((array_header(len(parts) + 1), bytes(parts[0]),
                          msgspec.msgpack.encode(version), *(bytes(part) for part in parts[1:])))
 
     def decode(self, body: bytes, upcasters: Registry | None = None) -> Event:
@@ -237,16 +238,16 @@ class Codec:
         Only a registered upcaster chain decodes old fields generically.
         """
         items = _raw_items(body, "record", "[tag, version, *fields]", 2)
-        tag = _scalar(items[0], str)
+        tag = raw_scalar(items[0], str)
         cls = self.types.get(tag) if type(tag) is str else None
         if cls is None and self.stale():
             self.refresh()
             return self.decode(body, registry)
         if cls is None:
-            raise EventDecodeError(f"unknown record tag {_shown(items[0])}")
-        version = _scalar(items[1], int)
+            raise EventDecodeError(f"unknown record tag {shown(items[0])}")
+        version = raw_scalar(items[1], int)
         if type(version) is not int:
-            raise EventDecodeError(f"event {tag!r} version is a {_kind(items[1])}")
+            raise EventDecodeError(f"event {tag!r} version is a {raw_kind(items[1])}")
         fields = items[2:]
         if version != cls.VERSION:
             _upcast_path(tag, version, cls.VERSION, registry)  # refuse before decoding anything
@@ -272,7 +273,6 @@ class Codec:
 # A record is [tag, version, *fields]; no event has more than a handful of fields, so a
 # longer top-level array is refused from its header alone.
 MAX_RECORD_ITEMS = 2 + 16
-_RAW_ITEMS = msgspec.msgpack.Decoder(list[msgspec.Raw])
 _PATH = re.compile(r"^(?P<what>.*?)(?: - at `\$\[(?P<index>\d+)\](?P<rest>[^`]*)`)?$", re.S)
 
 
@@ -286,62 +286,9 @@ def _raw_items(body: bytes, what: str, shape: str, leading: int) -> list[msgspec
     if count - leading + 2 > MAX_RECORD_ITEMS:
         raise EventDecodeError(f"{what} has {count - leading} fields, more than any event has")
     try:
-        return _RAW_ITEMS.decode(body)  # type: ignore[no-any-return]
+        return RAW_ITEMS.decode(body)  # type: ignore[no-any-return]
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise EventDecodeError(f"{what} body is not valid msgpack ({exc})") from None
-
-
-def array_count(body: bytes | memoryview) -> int | None:
-    """The element count of a msgpack array header at the start of ``body`` (None: not one)."""
-    if not body:
-        return None
-    first = body[0]
-    if 0x90 <= first <= 0x9F:
-        return first & 0x0F
-    if first == 0xDC and len(body) >= 3:
-        return int.from_bytes(body[1:3], "big")
-    if first == 0xDD and len(body) >= 5:
-        return int.from_bytes(body[1:5], "big")
-    return None
-
-
-def _array_header(count: int) -> bytes:
-    """A msgpack array header for ``count`` elements (fixarray or array 16)."""
-    return bytes((0x90 | count,)) if count <= 15 else b"\xdc" + count.to_bytes(2, "big")
-
-
-def _scalar(raw: msgspec.Raw, kind: type) -> Any:
-    """``raw`` decoded as ``kind`` (None when it is something else)."""
-    try:
-        return msgspec.msgpack.decode(raw, type=kind)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
-
-
-def _kind(raw: msgspec.Raw) -> str:
-    """The msgpack kind of a raw element, named as Python would (for messages)."""
-    first = bytes(raw)[:1]
-    if not first:
-        return "nothing"
-    byte = first[0]
-    if byte <= 0x7F or byte >= 0xE0 or 0xCC <= byte <= 0xD3:
-        return "int"
-    if 0xA0 <= byte <= 0xBF or 0xD9 <= byte <= 0xDB:
-        return "str"
-    if byte in (0xC2, 0xC3):
-        return "bool"
-    if byte in (0xCA, 0xCB):
-        return "float"
-    if 0xC4 <= byte <= 0xC6:
-        return "bytes"
-    if byte == 0xC0:
-        return "None"
-    return "container"
-
-
-def _shown(raw: msgspec.Raw) -> str:
-    value = _scalar(raw, str)
-    return repr(value) if value is not None else f"of type {_kind(raw)}"
 
 
 def _generic(raw: msgspec.Raw) -> Any:

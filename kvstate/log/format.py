@@ -40,8 +40,8 @@ import attrs
 import msgpack
 import msgspec
 
-from kvstate.events.codec import array_count
 from kvstate.log.limits import DEFAULT_LIMITS, Limits, check_limits, meta_problem
+from kvstate.msgpack_raw import array_count
 from kvstate.state import Geometry
 
 MAGIC = b"\x89KVS\r\n\x1a\n"

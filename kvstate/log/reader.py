@@ -177,7 +177,9 @@ class LogReader:
             self._digest = DigestTracker(version, body)
         return header
 
-    def _read_frame(self, limit: int, what: str) -> bytes:
+    def _fill_frame(self, limit: int, what: str) -> tuple[int, int]:
+        """Make the whole frame at ``_pos`` available (``LogFormatError`` when it is torn or
+        over ``limit``); its length and CRC."""
         start = self._base + self._pos
         if not self._fill(FRAME.size):
             raise LogFormatError(start, f"truncated {what}: {self._available()} of "
@@ -189,6 +191,11 @@ class LogReader:
         if not self._fill(FRAME.size + length):
             raise LogFormatError(start, f"truncated {what}: {self._available() - FRAME.size} of "
                                         f"{length} body bytes", self.records_read)
+        return length, crc
+
+    def _read_frame(self, limit: int, what: str) -> bytes:
+        start = self._base + self._pos
+        length, crc = self._fill_frame(limit, what)
         body_start = self._pos + FRAME.size
         body = self._buf[body_start: body_start + length]
         if zlib.crc32(body, zlib.crc32(LENGTH.pack(length))) != crc:
@@ -264,29 +271,13 @@ class LogReader:
                 if type(item) is EndRecord:
                     self._after_end()
                     return
-            # Slow path: one frame that straddles the buffer end (or a bad length).
+            # Slow path: a frame that straddles the buffer end (or a bad length) is read in
+            # whole, or refused; the fast path then decodes it.
             self._pos = pos
-            start = base + pos
             if self._at_eof():
-                raise LogFormatError(start, "log ends without an end record (truncated, or the "
-                                            "writer did not finish)", self.records_read)
-            start = self._base + self._pos
-            body = self._read_frame(limit, "record")
-            if body[:5] == BLOCK_PREFIX:
-                events = self._block(body, start)
-                self.records_read += 1
-                self.offset = self._base + self._pos
-                for event in events:
-                    self.events_read += 1
-                    yield start, event
-                continue
-            item = decode(body, start)
-            self.records_read += 1
-            self.offset = self._base + self._pos
-            yield start, item
-            if type(item) is EndRecord:
-                self._after_end()
-                return
+                raise LogFormatError(base + pos, "log ends without an end record (truncated, or "
+                                                 "the writer did not finish)", self.records_read)
+            self._fill_frame(limit, "record")
 
     def _after_end(self) -> None:
         if not self._at_eof():

@@ -55,6 +55,7 @@ class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
     # The last match's node, the engine's sequence number after it and its path's pages
     # (``path_device_indices`` reads them while no event has happened since).
     _matched_path: tuple[int, int, tuple[int, ...]] | None = None
+
     def __new__(cls, params: Any = None) -> Any:
         """A tree whose components name MAMBA is a ``kvstate.sglang.mamba_radix_cache.
         MambaUnifiedRadixCache`` (a subclass)."""
