@@ -112,6 +112,7 @@ class Engine:
         self._listeners: tuple[Any, ...] = ()  # replaced, never mutated: a commit iterates it
         # (listener, the event types its ``before`` acts on, or None for all)
         self._befores: list[tuple[Any, frozenset[type] | None]] = []
+        self._before_hooks: dict[type, tuple[Any, ...]] = {}  # event type -> its ``before``s
         self._broken: BaseException | None = None
         self._batch: list[Event] | None = None
         self._reset_to(state)
@@ -195,12 +196,14 @@ class Engine:
         if hasattr(listener, "before"):
             kinds = getattr(listener, "before_events", None)
             self._befores.append((listener, None if kinds is None else frozenset(kinds)))
+            self._before_hooks = {}
 
     def unsubscribe(self, listener: Any) -> None:
         for index, entry in enumerate(self._listeners):
             if entry is listener or getattr(entry, "fn", None) is listener:
                 self._listeners = self._listeners[:index] + self._listeners[index + 1:]
                 self._befores = [hook for hook in self._befores if hook[0] is not entry]
+                self._before_hooks = {}
                 return
         raise ValueError(f"{listener!r} is not subscribed")
 
@@ -256,12 +259,14 @@ class Engine:
         if batch is None:
             raise RuntimeError("emit needs an open batch (engine.batch())")
         live = self._live
-        befores = self._befores
-        if befores:
-            view = live if live is not None else self._current
+        hooks: tuple[Any, ...] = ()
+        if self._befores:
             kind = type(event)
-            for listener, kinds in befores:
-                if kinds is None or kind in kinds:
+            found = self._before_hooks.get(kind)
+            hooks = self._hooks_for(kind) if found is None else found
+            if hooks:
+                view = live if live is not None else self._current
+                for listener in hooks:
                     listener.before(event, view)
         try:
             if live is not None:
@@ -269,15 +274,21 @@ class Engine:
             else:
                 self._current = apply_valid(self._current, event)
         except InvalidEvent:
-            kind = type(event)
-            for listener, kinds in befores:  # the event did not happen: forget what was prepared
-                if kinds is None or kind in kinds:
-                    listener.discard(event)
+            for listener in hooks:  # the event did not happen: forget what was prepared
+                listener.discard(event)
             raise
         journal = self._journal
         if journal is not None:
             journal.append(event)
         batch.append(event)
+
+    def _hooks_for(self, kind: type) -> tuple[Any, ...]:
+        """The listeners whose ``before`` acts on events of ``kind``, in subscription order
+        (worked out once per event type, until the listeners change)."""
+        hooks = tuple(listener for listener, kinds in self._befores
+                      if kinds is None or kind in kinds)
+        self._before_hooks[kind] = hooks
+        return hooks
 
     def commit(self, plan: Any) -> Any:
         """Apply a ``Plan`` computed elsewhere (its events, in one batch); its result."""
@@ -364,13 +375,16 @@ class Batch:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._start: tuple[State, int, int | None] | None = None
-        self.state: Any = engine.view
+        live = engine._live  # ``engine.view``, read without the property's call
+        self.state: Any = live if live is not None else engine._current
         self.emit: Callable[[Event], None] = (
             engine.emit if engine.backend == "live" else self._emit_and_refresh)
 
     def __enter__(self) -> Batch:
-        self._start = self.engine._open_batch()
-        self.state = self.engine.view
+        engine = self.engine
+        self._start = engine._open_batch()
+        live = engine._live
+        self.state = live if live is not None else engine._current
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,

@@ -2,10 +2,11 @@
 
 Replay failures, ``kvstate check`` counterexamples and ``InvalidEvent`` show
 them to users, so a rule that rejects for the right reason with the wrong
-text (or none) is a bug too.  A deterministic search over four event-level
-scopes (radix P = 2, SGLang's row writes, the block pool, the host tier)
-collects the distinct messages of every rejected candidate; they must equal
-the recorded set in ``tests/data/rejection_messages.json``.  After an
+text (or none) is a bug too.  A deterministic search over the event-level
+scopes (radix P = 1 and 2, SGLang's row writes, the block pool, the host
+tier, and the FULL + SWA and FULL + Mamba hybrids) collects the distinct
+messages of every rejected candidate; they must equal the recorded set in
+``tests/data/rejection_messages.json``.  After an
 intended change of wording, regenerate it::
 
     python -m tests.test_rejection_messages
@@ -28,14 +29,16 @@ from kvstate.errors import InvalidEvent
 from kvstate.state import initial_state
 
 GOLDEN = Path(__file__).parent / "data" / "rejection_messages.json"
-SCOPE_NAMES = ("tiny", "paged", "rows-sglang", "rows-sglang-paged", "block", "block-paged", "host")
+SCOPE_NAMES = ("tiny", "paged", "rows-sglang", "rows-sglang-paged", "block", "block-paged", "host",
+               "swa", "mamba")
 STATES = 1500  # per scope, in breadth-first order
 
 
 def messages(scope_name: str) -> list[str]:
     """Distinct rejection messages (event class: text) over the first ``STATES`` states."""
     scope = SCOPES[scope_name]
-    start = initial_state(geometry_of(scope), host_pages=scope.host_pages)
+    start = initial_state(geometry_of(scope), host_pages=scope.host_pages,
+                          swa_pages=scope.swa_pages, mamba_slots=scope.mamba_slots)
     seen = {start.fingerprint()}
     queue = deque([start])
     found: set[str] = set()

@@ -358,3 +358,20 @@ def test_block_events_need_block_mode_and_keep_page_zero_for_tables():
     rejects(state, BlockRelease("a", (2, 2)), "duplicate page 2 in one event")
     held = accepts(state, BlockHold(0, (4,)))
     assert held.holders[4] == (0,)
+
+
+def test_share_checks_page_geometry_and_ignores_dangling_entries():
+    """A shared span must stay inside whole pages (P = 2); an entry freed under a live row
+    (dangling) no longer maps its page, so the page may be shared into the row again."""
+    state = apply(base(page_size=2), ReqAlloc((1,)))  # row 4 maps page 3 (slots 6, 7)
+    rejects(state, Share(1, 0, (6, 9)), "slot 9 is not in the page being shared")
+    rejects(state, Share(1, 0, (7,)), r"slot 7 at position 0 breaks slot % P == pos % P")
+    assert accepts(state, Share(1, 0, (6, 7))).requests[1].pages == (3,)
+    rejects(apply(state, Allocate((6,))), Share(1, 0, (12, 13)),
+            "page 6 is DETACHED; write it with Assign instead")
+    rejects(state, Share(4, 2, (6,)), "page 3 is already in request 4's table")
+    plain = apply_all(base(), [ReqAlloc((1, 2)), Allocate((8, 9), ((1, (8,)), (2, (9,))))])
+    freed = accepts(plain, FreeMapped((8,), True))  # row 1's entry 0 dangles; page 8 is free
+    reused = accepts(freed, Allocate((8,), ((2, (8,)),)))  # row 2 takes page 8
+    shared = accepts(reused, Share(1, 1, (8,)))
+    assert shared.requests[1].pages == (8, 8) and shared.holders[8] == (2, 1)

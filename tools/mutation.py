@@ -1,7 +1,7 @@
 """Mutation testing of the rules and the planner: ``python -m tools.mutation``.
 
 Not part of CI (hours of CPU).  Needs ``pip install '.[mutation]'`` (mutmut).  Copies
-``kvstate/``, ``specs/``, ``tests/`` and ``pyproject.toml`` into a scratch
+``kvstate/``, ``specs/``, ``tests/``, ``tools/`` and ``pyproject.toml`` into a scratch
 directory (``--work``, default ``kvstate-mutation`` in the system's temporary
 directory), writes mutmut's
 configuration there (``setup.cfg``: mutate only ``kvstate/rules/*`` and
@@ -13,7 +13,8 @@ beside other work.  ``--report`` only re-reads a finished run.
 The focused selection (``TESTS``) is the fast part of the suite that checks
 rules and planner semantics: both backends' rejections, the spec findings,
 the front ends' scenarios (SGLang, vLLM, the seed-002 manager's planner),
-the incremental checker, the policies, the host-tier planner, and five
+the incremental checker, the policies, the host-tier planner, the hybrid
+(SWA and Mamba) rules, examples and random runs against the spec model, and five
 pinned explorer scopes (spec model on every candidate event: radix P = 1
 and 2, rows, block, host).  mutmut runs, per mutant, only the selected tests
 that reach the mutated function, fastest first.  ``--only rules`` or
@@ -35,7 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-COPIED = ("kvstate", "specs", "tests", "pyproject.toml")
+COPIED = ("kvstate", "specs", "tests", "tools", "pyproject.toml")  # tools: the hybrid runs' generators
 PINS = ("tiny", "paged", "rows-sglang-paged", "block", "block-paged", "host")
 HOST_PLANNER = ("write_through_backs_up_on_insert_and_evict_keeps_the_key",
                 "write_back_does_not_back_up_on_insert", "host_only_hit_is_loaded_back",
@@ -51,6 +52,16 @@ TESTS = (  # fast ones first: a mutant stops at its first failing test (-x)
     "tests/test_sglang_scenarios.py",
     "tests/test_vllm_scenarios.py",
     "tests/test_incremental_differential.py",
+    # the hybrid rules (SWA, Mamba): rejections, the worked examples, the fused decisions,
+    # and random runs where both backends, the spec model and the checks must agree
+    "tests/test_swa_rules.py",
+    "tests/test_mamba_rules.py",
+    "tests/test_swa_examples.py",
+    "tests/test_mamba_examples.py",
+    "tests/test_swa_decode.py",
+    "tests/test_swa_extend.py",
+    "tests/test_swa_runs.py::test_backends_model_and_checks_agree",
+    "tests/test_mamba_runs.py::test_backends_model_and_checks_agree",
     "tests/test_policy_check.py::test_builtin_priorities_and_the_loader_in_one_fast_pass",
     *(f"tests/test_host_tier.py::test_{name}" for name in HOST_PLANNER),
     *(f"tests/test_explore_small.py::test_pinned_scope[{name}]" for name in PINS),
@@ -81,7 +92,7 @@ def prepare(work: Path, mutated: tuple[str, ...]) -> None:
         "[mutmut]\n"
         "source_paths = kvstate/\n"
         f"only_mutate ={listing(mutated)}\n"
-        f"also_copy ={listing(('specs/',))}\n"
+        f"also_copy ={listing(('specs/', 'tools/'))}\n"
         f"pytest_add_cli_args_test_selection ={listing(TESTS)}\n"
         f"pytest_add_cli_args ={listing(('-x', '-q', '-p', 'no:cacheprovider'))}\n")
 

@@ -82,33 +82,39 @@ def plan_mamba_match(b: Builder, key: Sequence[int], *, grid: int,
     tokens = tuple(key[: len(key) // size * size])
     if not tokens:
         return EMPTY
-    child_key = b.state.geometry.child_key
+    # Read once (a split, the one event inside the walk, ends it and reads them again:
+    # the persistent backend gives a new state per event).
+    nodes, states = b.state.nodes, b.state.mamba.nodes
     node_id, position, full_hit = ROOT, 0, 0
     best, best_len = ROOT, 0
     run = -1  # live SWA tokens since the last tombstone; -1: none above (unbounded)
     while position < len(tokens):
-        child_id = b.state.nodes[node_id].children.get(child_key(tokens[position:position + size]))
+        # the child index's key (``Geometry.child_key``): a token, or a page of tokens
+        child_id = nodes[node_id].children.get(
+            tokens[position] if size == 1 else tokens[position:position + size])
         if child_id is None:
             break
-        child = b.state.nodes[child_id]
+        child = nodes[child_id]
         matched = common_prefix(child.key, tokens, position) // size * size
         full_hit += matched
         partial = matched < len(child.key)
         if partial:
             child_id = split_node(b, child_id, matched)
+            nodes, states = b.state.nodes, b.state.mamba.nodes
         node_id, position = child_id, position + matched
-        valid = state_of(b.state, node_id) > 0  # every validator runs on every node
+        component = states.get(node_id)  # every validator runs on every node
+        valid = component is not None and component.slot > 0
         if window is not None:
-            node = b.state.nodes[node_id]
+            node = nodes[node_id]
             run = 0 if not node.swa.live else (run if run < 0 else run + len(node.key))
             valid = valid and (run < 0 or run >= window)
         if valid:
             best, best_len = node_id, position
         if partial:
             break
-    if window is not None:
+    if window is not None and best != ROOT:
         refresh_window(b, best, window)
-    slot = state_of(b.state, best)
+    slot = state_of(b.state, best) if best != ROOT else 0
     if slot:
         b.emit(MambaTouch(best, b.state.clock + 1))
     nodes = b.state.nodes

@@ -66,31 +66,37 @@ def plan_unified_match(b: Builder, key: Sequence[int], *, window: int) -> Unifie
     tokens = tuple(key[: len(key) // size * size])
     if not tokens:
         return EMPTY
-    child_key = state.geometry.child_key
+    # Read once (a split, the one event inside the walk, ends it and reads it again: the
+    # persistent backend gives a new state per event).
+    nodes = state.nodes
     node_id, position, full_hit = ROOT, 0, 0
     best, best_len = ROOT, 0
     run = -1  # live SWA tokens since the last tombstone; -1: none above (infinite)
     while position < len(tokens):
-        child_id = b.state.nodes[node_id].children.get(child_key(tokens[position:position + size]))
+        # the child index's key (``Geometry.child_key``): a token, or a page of tokens
+        child_id = nodes[node_id].children.get(
+            tokens[position] if size == 1 else tokens[position:position + size])
         if child_id is None:
             break
-        child = b.state.nodes[child_id]
+        child = nodes[child_id]
         matched = common_prefix(child.key, tokens, position) // size * size
         full_hit += matched
         if matched < len(child.key):
             child_id = _split(b, child_id, matched)
-        run = _extend_run(run, b.state.nodes[child_id])
+            nodes = b.state.nodes
+        run = _extend_run(run, nodes[child_id])
         node_id, position = child_id, position + matched
         if run < 0 or run >= window:
             best, best_len = node_id, position
         if matched < len(child.key):
             break
-    refresh_window(b, best, window)
-    time = b.state.clock + 1
-    b.emit(Touch((*_path(b.state.nodes, best), ROOT), time))
+    if best != ROOT:  # the root's window is empty: nothing to refresh
+        refresh_window(b, best, window)
+    path = _path(b.state.nodes, best)
+    b.emit(Touch((*path, ROOT), b.state.clock + 1))
     aligned = full_hit // size * size
     nodes = b.state.nodes
-    pages = tuple(page for n in reversed(list(_path(nodes, best))) for page in nodes[n].pages)
+    pages = tuple(chain.from_iterable([nodes[n].pages for n in reversed(path)]))
     return UnifiedMatch(best_len, best, full_hit, aligned if aligned > best_len else None, pages)
 
 

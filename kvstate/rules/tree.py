@@ -65,26 +65,30 @@ def insert(s: Any, event: Insert) -> None:
     child_key = s.geometry.child_key(key)
     if child_key in parent.children:
         raise Reject(f"node {event.parent} already has a child starting with {child_key!r}")
-    pages = [slot // size for slot in slots[::size]]
+    pages = list(slots) if size == 1 else [slot // size for slot in slots[::size]]
     if expand_pages(pages, size) != tuple(slots):
         raise Reject(f"slots {list(slots[:8])}... are not whole pages in order")
     check_distinct(pages, "page")
     holders, page_node, owner = s.holders, s.page_node, event.owner
-    for page in pages:
-        check_page_id(s, page)
-        if page in page_node:
-            raise Reject(f"page {page} is already in tree node {page_node[page]}")
-        if owner not in holders.get(page, ()):
-            raise Reject(f"page {page} is not held by owner {owner!r}")
+    held_by = list(map(holders.get, pages))
+    alone = held_by.count((owner,)) == len(pages)  # the usual case: the owner holds each alone
+    if (not alone or min(pages) < 1 or max(pages) > s.geometry.num_pages
+            or any(map(page_node.__contains__, pages))):
+        for page in pages:  # name the first page that breaks a precondition
+            check_page_id(s, page)
+            if page in page_node:
+                raise Reject(f"page {page} is already in tree node {page_node[page]}")
+            if owner not in holders.get(page, ()):
+                raise Reject(f"page {page} is not held by owner {owner!r}")
     swa = _inserted_swa(s, pages, event.time)
-    for page in pages:
-        held = holders[page]
-        rest = () if len(held) == 1 else tuple(h for h in held if h != owner)
+    node_id = event.node
+    for page, held in zip(pages, held_by, strict=True):
+        rest = () if alone or len(held) == 1 else tuple(h for h in held if h != owner)
         if rest:
             holders[page] = rest
         else:  # the owner was the only holder (the usual case: no tuple to build)
             del holders[page]
-        page_node[page] = event.node
+        page_node[page] = node_id
     s.add_node(event.node, MNode(event.parent, tuple(key), tuple(pages), s.new_children(), 0,
                                  event.time, swa=swa))
     if swa is not None and swa.live:
@@ -110,8 +114,7 @@ def _inserted_swa(s: Any, pages: list[int], time: int) -> SwaNode | None:
     when none has (``None`` without an SWA pool)."""
     if s.swa is None:
         return None
-    peer = s.swa.peer
-    paired = sum(1 for page in pages if page in peer)
+    paired = sum(map(s.swa.peer.__contains__, pages))
     if paired and paired != len(pages):
         raise Reject(f"{paired} of the {len(pages)} pages have SWA pages: a node is live or a "
                      "tombstone as a whole (insert the two parts separately)")

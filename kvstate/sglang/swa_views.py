@@ -102,6 +102,8 @@ class MappingMirror:
         self._cleared, self._handed = [], []
 
     def after(self, events: Sequence[Event], view: Any) -> None:
+        if not self._cleared and not self._handed:
+            return  # most batches unpair and hand out nothing (a ``SwaRebind`` unpairs too)
         cleared, self._cleared = self._cleared, []
         handed, self._handed = self._handed, []
         size, peer = self.page_size, view.swa.peer
