@@ -123,11 +123,14 @@ def test_incremental_and_full_checks_find_the_same_first_violation(name):
 
 
 @pytest.mark.parametrize("every", [1, 4])
-@pytest.mark.parametrize("scope", ["paged", "core6", "rows-sglang-paged", "block-paged", "host"])
+@pytest.mark.parametrize("scope", ["paged", "core6", "rows-sglang-paged", "block-paged", "host",
+                                   "swa", "mamba"])
 def test_clean_walks_stay_clean_on_both_checkers(scope, every):
     """Checked after every event, or after runs of four (the changes of a run accumulate)."""
     chosen = SCOPES[scope]
-    live = LiveState.thaw(initial_state(geometry_of(chosen), host_pages=chosen.host_pages))
+    live = LiveState.thaw(initial_state(geometry_of(chosen), host_pages=chosen.host_pages,
+                                        swa_pages=chosen.swa_pages,
+                                        mamba_slots=chosen.mamba_slots))
     checker = IncrementalChecker(live)
     rng = random.Random(7)
     applied = 0

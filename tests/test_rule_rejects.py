@@ -375,3 +375,25 @@ def test_share_checks_page_geometry_and_ignores_dangling_entries():
     reused = accepts(freed, Allocate((8,), ((2, (8,)),)))  # row 2 takes page 8
     shared = accepts(reused, Share(1, 1, (8,)))
     assert shared.requests[1].pages == (8, 8) and shared.holders[8] == (2, 1)
+
+
+def test_block_cache_names_each_broken_entry():
+    """``BlockCache`` checks every entry of a chain before it writes: sizes, the chain's
+    existing nodes and fresh ids, ``stored_from``, page range, and a page cached twice
+    (already in the tree, or twice in this event)."""
+    state = initial_state(Geometry(num_pages=4, num_rows=0, row_width=8, page_size=2,
+                                   mode="block"))
+    state = apply_all(state, [ReqAlloc(("a",)), BlockAlloc("a", (1, 2))])
+    rejects(state, BlockCache(0, ((1, (5,), None, 1),), 0), "entry 0: key of 1 tokens, block size is 2")
+    rejects(state, BlockCache(0, ((2, (5, 6), None, 1),), 0), "entry 0: new node id must be 1, got 2")
+    rejects(state, BlockCache(0, ((1, (5, 6), None, 1),), 1),
+            "entry 0 is before stored_from and caches page 1")
+    rejects(state, BlockCache(0, ((1, (5, 6), None, 9),), 0), r"page 9 is outside 1..4")
+    rejects(state, BlockCache(0, ((1, (5, 6), None, 1), (2, (7, 8), None, 1)), 0),
+            r"page 1 is already cached \(tree node 1\)")
+    cached = accepts(state, BlockCache(0, ((1, (5, 6), None, 1),), 0))
+    copies = accepts(cached, BlockCache(0, ((1, (5, 6), None, 2),), 0))  # a second copy
+    assert copies.nodes[1].pages == (1, 2)
+    rejects(cached, BlockCache(0, ((3, (5, 6), None, 2),), 0),
+            r"entry 0: node 3 is not the child of 0 for this block \(node 1 is\)")
+    rejects(cached, BlockCache(0, ((1, (5, 6), None, 1),), 0), r"page 1 is already cached \(tree node 1\)")

@@ -118,3 +118,34 @@ def test_insert_is_live_or_a_tombstone_as_a_whole():
     state = apply(base(), ev.Allocate((5,), ((1, (5,)),)))
     with pytest.raises(InvalidEvent, match="live or a tombstone as a whole"):
         apply(state, ev.Insert(2, (8, 9), (4, 5), 3, 9, 1))
+
+
+def test_a_touch_names_an_ancestor_chain():
+    """``SwaTouch`` moves one chain, each node an ancestor of the one before it."""
+    state = apply(base(), ev.Insert(0, (8,), (4,), 3, 9, 1))  # node 3 [8]: live (page 4 paired)
+    split = apply(state, ev.Split(1, 1, 4, 10))  # node 4 [5] above node 1 [6]
+    live = LiveState.thaw(split)
+    for event in (ev.SwaTouch((1, 4), 11), ev.SwaTouch((3,), 12)):
+        split = apply(split, event)
+        live.apply(event)
+        assert check(split) == [] and live.fingerprint() == split.fingerprint()
+    assert [split.nodes[n].swa.stamp for n in (1, 4, 3)] == [11, 11, 12]
+    for event, reason in ((ev.SwaTouch((3, 1), 13), "node 1 is not an ancestor of node 3"),
+                          (ev.SwaTouch((4, 1), 13), "node 1 is not an ancestor of node 4")):
+        with pytest.raises(InvalidEvent, match=reason):
+            apply(split, event)
+        with pytest.raises(InvalidEvent, match=reason):
+            live.apply(event)
+
+
+def test_a_tree_reset_frees_the_live_nodes_swa_pages():
+    """``Reset("tree")`` drops every node; a live node's SWA pages go back (tail, in
+    ascending order of their FULL pages), a request's pairs stay."""
+    state = base()
+    live = LiveState.thaw(state)
+    for event in (ev.SwaUnlock(1, 1), ev.Unlock(1), ev.Reset("tree")):
+        state = apply(state, event)
+        live.apply(event)
+    assert check(state) == [] and live.fingerprint() == state.fingerprint()
+    assert list(state.swa.free_pages) == [4, 1, 2]
+    assert dict(state.swa.peer) == {4: 3} and state.swa.evictable == 0

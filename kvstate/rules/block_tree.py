@@ -45,7 +45,7 @@ def _resolve_path(s: Any, event: BlockCache) -> tuple[list[tuple[Any, ...]], int
     first_new = len(entries)
     next_id = s.next_node_id
     current = event.parent
-    seen: set[int] = set()
+    seen: dict[int, int] = {}  # page -> the node an earlier entry of this event caches it at
     for index, (node_id, key, extra, page) in enumerate(entries):
         if len(key) != size:
             raise Reject(f"entry {index}: key of {len(key)} tokens, block size is {size}")
@@ -69,10 +69,10 @@ def _resolve_path(s: Any, event: BlockCache) -> tuple[list[tuple[Any, ...]], int
                 raise Reject(f"page {page} is outside 1..{num_pages}")  # page 0 skips the check
             if page in page_node or page in seen:
                 raise Reject(f"page {page} is already cached (tree node "
-                             f"{page_node.get(page, entries[index][0])})")
+                             f"{page_node.get(page, seen.get(page))})")
             if page not in holders:
                 raise Reject(f"page {page} is free; cache only held pages")
-            seen.add(page)
+            seen[page] = node_id
         current = node_id
     return keys, first_new, next_id, current
 
