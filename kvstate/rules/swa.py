@@ -59,29 +59,10 @@ def _push(pool: Any, pages: list[int], at_head: bool) -> None:
 @rule(SwaAlloc)
 def swa_alloc(s: Any, event: SwaAlloc) -> None:
     pool = pool_of(s)
-    fulls = [full for full, _ in event.pairs]
-    pages = [page for _, page in event.pairs]
-    check_distinct(fulls, "FULL page")
-    check_distinct(pages, "SWA page")
+    check_distinct([full for full, _ in event.pairs], "FULL page")
+    check_distinct([page for _, page in event.pairs], "SWA page")
     peer, queue, holders, page_node = pool.peer, pool.free_pages, s.holders, s.page_node
-    if fulls and (min(fulls) < 1 or max(fulls) > s.geometry.num_pages
-                  or any(map(page_node.__contains__, fulls))
-                  or not all(map(holders.__contains__, fulls))
-                  or any(map(peer.__contains__, fulls)) or queue.missing(pages) is not None):
-        _check_pairs(s, event.pairs)
-    pool.free_pages = queue.take(pages)
     for full, page in event.pairs:
-        peer[full] = page
-    if s.touched is not None:
-        s.touched.pages.update(fulls)
-
-
-def _check_pairs(s: Any, pairs: Any) -> None:
-    """Each pair of an ``SwaAlloc`` in order: the first that breaks a precondition is
-    named.  (The rule's one-pass check sends every doubtful event here.)"""
-    pool = s.swa
-    peer, queue, holders, page_node = pool.peer, pool.free_pages, s.holders, s.page_node
-    for full, page in pairs:
         check_page_id(s, full)
         if full in page_node:
             raise Reject(f"FULL page {full} is in tree node {page_node[full]}")
@@ -93,6 +74,11 @@ def _check_pairs(s: Any, pairs: Any) -> None:
             if not 1 <= page <= pool.num_pages:
                 raise Reject(f"SWA page {page} is outside 1..{pool.num_pages}")
             raise Reject(f"SWA page {page} is not free")
+    pool.free_pages = queue.take([page for _, page in event.pairs])
+    for full, page in event.pairs:
+        peer[full] = page
+    if s.touched is not None:
+        s.touched.pages.update(full for full, _ in event.pairs)
 
 
 @rule(SwaFree)

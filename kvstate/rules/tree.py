@@ -65,30 +65,26 @@ def insert(s: Any, event: Insert) -> None:
     child_key = s.geometry.child_key(key)
     if child_key in parent.children:
         raise Reject(f"node {event.parent} already has a child starting with {child_key!r}")
-    pages = list(slots) if size == 1 else [slot // size for slot in slots[::size]]
+    pages = [slot // size for slot in slots[::size]]
     if expand_pages(pages, size) != tuple(slots):
         raise Reject(f"slots {list(slots[:8])}... are not whole pages in order")
     check_distinct(pages, "page")
     holders, page_node, owner = s.holders, s.page_node, event.owner
-    held_by = list(map(holders.get, pages))
-    alone = held_by.count((owner,)) == len(pages)  # the usual case: the owner holds each alone
-    if (not alone or min(pages) < 1 or max(pages) > s.geometry.num_pages
-            or any(map(page_node.__contains__, pages))):
-        for page in pages:  # name the first page that breaks a precondition
-            check_page_id(s, page)
-            if page in page_node:
-                raise Reject(f"page {page} is already in tree node {page_node[page]}")
-            if owner not in holders.get(page, ()):
-                raise Reject(f"page {page} is not held by owner {owner!r}")
+    for page in pages:
+        check_page_id(s, page)
+        if page in page_node:
+            raise Reject(f"page {page} is already in tree node {page_node[page]}")
+        if owner not in holders.get(page, ()):
+            raise Reject(f"page {page} is not held by owner {owner!r}")
     swa = _inserted_swa(s, pages, event.time)
-    node_id = event.node
-    for page, held in zip(pages, held_by, strict=True):
-        rest = () if alone or len(held) == 1 else tuple(h for h in held if h != owner)
+    for page in pages:
+        held = holders[page]
+        rest = () if len(held) == 1 else tuple(h for h in held if h != owner)
         if rest:
             holders[page] = rest
         else:  # the owner was the only holder (the usual case: no tuple to build)
             del holders[page]
-        page_node[page] = node_id
+        page_node[page] = event.node
     s.add_node(event.node, MNode(event.parent, tuple(key), tuple(pages), s.new_children(), 0,
                                  event.time, swa=swa))
     if swa is not None and swa.live:
