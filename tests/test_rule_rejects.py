@@ -5,6 +5,8 @@ and through a ``LiveState`` thawed from the same state: the same message,
 the same event sequence number, and an unchanged fingerprint on both.
 """
 
+import re
+
 import pytest
 
 from kvstate import Geometry, InvalidEvent, apply, apply_all, check, initial_state
@@ -29,6 +31,7 @@ from kvstate.events import (
     Lock,
     Offload,
     ReqAlloc,
+    ReqFree,
     Reset,
     Scatter,
     Share,
@@ -397,3 +400,41 @@ def test_block_cache_names_each_broken_entry():
     rejects(cached, BlockCache(0, ((3, (5, 6), None, 2),), 0),
             r"entry 0: node 3 is not the child of 0 for this block \(node 1 is\)")
     rejects(cached, BlockCache(0, ((1, (5, 6), None, 1),), 0), r"page 1 is already cached \(tree node 1\)")
+
+
+def test_rows_closed_together_go_back_so_the_last_is_reused_first():
+    """``ReqFree`` of several requests pushes their rows on the free stack in order, so the
+    last one named is handed out first (SGLang's ``free`` of a list of rows)."""
+    state = apply(base(), ReqAlloc((1, 2)))
+    closed = accepts(state, ReqFree((1, 2)))
+    assert closed.free_rows.head(2) == [2, 1]
+    assert accepts(state, ReqFree((2, 1))).free_rows.head(2) == [1, 2]
+
+
+def test_an_event_at_the_clock_is_on_time_and_a_duplicate_is_named():
+    state = base()  # the clock is 1 (node 1's insert)
+    assert accepts(state, Touch((1, 0), 1)).nodes[1].last_access == 1
+    rejects(state, Touch((1, 0), 0), "logical time 0 is before the clock 1")
+    rejects(state, Free((6, 7, 7)), "duplicate page 7 in one event")
+
+
+def rejects_exactly(state, event, message):
+    """``rejects`` with the whole message (its text is what a replay failure shows)."""
+    rejects(state, event, f"rejected: {re.escape(message)}$")
+
+
+def test_insert_names_each_broken_precondition_exactly():
+    plain, paged = base(), base(page_size=2)
+    for state, event, message in [
+        (plain, Insert(0, (), (), 2, 2, 6), "insert of an empty key"),
+        (plain, Insert(0, (100, 9), (6, 7), 2, 2, 6), "node 0 already has a child starting with 100"),
+        (plain, Insert(1, (9,), (1,), 2, 2, 6), "page 1 is already in tree node 1"),
+        (paged, Insert(0, (9, 9, 9), (12, 13, 14), 2, 2, 6),
+         "key length 3 is not a multiple of page size 2"),
+        (paged, Insert(0, (9, 9), (13, 12), 2, 2, 6), "slots [13, 12]... are not whole pages in order"),
+        (plain, Insert(0, (9,), (8,), 2, 2, 6), "page 8 is not held by owner 6"),
+        (plain, Insert(0, (9,), (99,), 2, 2, 6), "page 99 is outside 1..16"),
+        (plain, Insert(0, (9,), (6,), 3, 2, 6), "new node id must be 2, got 3"),
+        (plain, Insert(7, (9,), (6,), 2, 2, 6), "unknown tree node 7"),
+    ]:
+        rejects_exactly(state, event, message)

@@ -149,3 +149,19 @@ def test_a_tree_reset_frees_the_live_nodes_swa_pages():
     assert check(state) == [] and live.fingerprint() == state.fingerprint()
     assert list(state.swa.free_pages) == [4, 1, 2]
     assert dict(state.swa.peer) == {4: 3} and state.swa.evictable == 0
+
+
+def test_swa_allocation_names_each_broken_pair_exactly():
+    state = apply(base(), ev.Allocate((5,)))  # FULL page 5: held (DETACHED), not paired
+    for event, message in [
+        (ev.SwaAlloc(((4, 4), (4, 4))), "duplicate FULL page 4 in one event"),
+        (ev.SwaAlloc(((5, 4), (6, 4))), "duplicate SWA page 4 in one event"),
+        (ev.SwaAlloc(((5, 9),)), "SWA page 9 is outside 1..4"),
+        (ev.SwaAlloc(((5, 3),)), "SWA page 3 is not free"),
+        (ev.SwaAlloc(((6, 4),)), "FULL page 6 is free (pair only allocated pages)"),
+    ]:
+        with pytest.raises(InvalidEvent) as frozen:
+            apply(state, event)
+        with pytest.raises(InvalidEvent) as live:
+            LiveState.thaw(state).apply(event)
+        assert frozen.value.precondition == live.value.precondition == message
