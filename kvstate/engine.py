@@ -41,39 +41,12 @@ from typing import Any, TypeVar
 
 from kvstate.backends.live import LiveState
 from kvstate.backends.persistent import apply_valid
-from kvstate.errors import InvalidEvent
+from kvstate.errors import EngineBroken, InvalidEvent, ListenerError, VerificationError
 from kvstate.events import Event, EventDecodeError, validated
 from kvstate.state import Geometry, State, initial_state
 
 R = TypeVar("R")
 BACKENDS = ("live", "persistent")
-
-
-class EngineBroken(RuntimeError):
-    """A batch failed after it had changed the live state and could not be rolled back.
-
-    Only a planner bug can cause this (a planner's later event refused by the
-    rules); the engine refuses further use rather than go on from a state no
-    event sequence explains.
-    """
-
-
-class VerificationError(AssertionError):
-    """The live backend and the persistent backend disagree (``verify_every``)."""
-
-    def __init__(self, index: int, event: Event, message: str) -> None:
-        self.index = index
-        self.event = event
-        super().__init__(f"event #{index} {event!r}: {message}")
-
-
-class ListenerError(RuntimeError):
-    """A listener raised while a committed batch was delivered; the batch stays applied."""
-
-    def __init__(self, listener: Any, error: BaseException) -> None:
-        self.listener = listener
-        self.error = error
-        super().__init__(f"listener {listener!r} failed and was detached: {error!r}")
 
 
 class _CallableListener:
@@ -112,7 +85,6 @@ class Engine:
         self._listeners: tuple[Any, ...] = ()  # replaced, never mutated: a commit iterates it
         # (listener, the event types its ``before`` acts on, or None for all)
         self._befores: list[tuple[Any, frozenset[type] | None]] = []
-        self._before_hooks: dict[type, tuple[Any, ...]] = {}  # event type -> its ``before``s
         self._broken: BaseException | None = None
         self._batch: list[Event] | None = None
         self._reset_to(state)
@@ -196,14 +168,12 @@ class Engine:
         if hasattr(listener, "before"):
             kinds = getattr(listener, "before_events", None)
             self._befores.append((listener, None if kinds is None else frozenset(kinds)))
-            self._before_hooks = {}
 
     def unsubscribe(self, listener: Any) -> None:
         for index, entry in enumerate(self._listeners):
             if entry is listener or getattr(entry, "fn", None) is listener:
                 self._listeners = self._listeners[:index] + self._listeners[index + 1:]
                 self._befores = [hook for hook in self._befores if hook[0] is not entry]
-                self._before_hooks = {}
                 return
         raise ValueError(f"{listener!r} is not subscribed")
 
@@ -259,14 +229,12 @@ class Engine:
         if batch is None:
             raise RuntimeError("emit needs an open batch (engine.batch())")
         live = self._live
-        hooks: tuple[Any, ...] = ()
-        if self._befores:
+        befores = self._befores
+        if befores:
+            view = live if live is not None else self._current
             kind = type(event)
-            found = self._before_hooks.get(kind)
-            hooks = self._hooks_for(kind) if found is None else found
-            if hooks:
-                view = live if live is not None else self._current
-                for listener in hooks:
+            for listener, kinds in befores:
+                if kinds is None or kind in kinds:
                     listener.before(event, view)
         try:
             if live is not None:
@@ -274,21 +242,15 @@ class Engine:
             else:
                 self._current = apply_valid(self._current, event)
         except InvalidEvent:
-            for listener in hooks:  # the event did not happen: forget what was prepared
-                listener.discard(event)
+            kind = type(event)
+            for listener, kinds in befores:  # the event did not happen: forget what was prepared
+                if kinds is None or kind in kinds:
+                    listener.discard(event)
             raise
         journal = self._journal
         if journal is not None:
             journal.append(event)
         batch.append(event)
-
-    def _hooks_for(self, kind: type) -> tuple[Any, ...]:
-        """The listeners whose ``before`` acts on events of ``kind``, in subscription order
-        (worked out once per event type, until the listeners change)."""
-        hooks = tuple(listener for listener, kinds in self._befores
-                      if kinds is None or kind in kinds)
-        self._before_hooks[kind] = hooks
-        return hooks
 
     def commit(self, plan: Any) -> Any:
         """Apply a ``Plan`` computed elsewhere (its events, in one batch); its result."""
@@ -375,16 +337,13 @@ class Batch:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._start: tuple[State, int, int | None] | None = None
-        live = engine._live  # ``engine.view``, read without the property's call
-        self.state: Any = live if live is not None else engine._current
+        self.state: Any = engine.view
         self.emit: Callable[[Event], None] = (
             engine.emit if engine.backend == "live" else self._emit_and_refresh)
 
     def __enter__(self) -> Batch:
-        engine = self.engine
-        self._start = engine._open_batch()
-        live = engine._live
-        self.state = live if live is not None else engine._current
+        self._start = self.engine._open_batch()
+        self.state = self.engine.view
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,

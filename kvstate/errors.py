@@ -4,7 +4,9 @@ Every rejection the library makes is one of these, so callers can tell a bad
 event (``InvalidEvent``) from exhausted memory (``OutOfMemory``) from a
 malformed log (defined next to the log reader).  All are ``ValueError``s
 except ``OutOfMemory``, which is a ``MemoryError``: it reports a capacity
-condition, not a mistake by the caller.
+condition, not a mistake by the caller.  The engine's own failures follow:
+a batch it could not roll back (``EngineBroken``), a listener that failed at
+a commit (``ListenerError``) and a backend disagreement (``VerificationError``).
 """
 
 from __future__ import annotations
@@ -39,3 +41,30 @@ class OutOfMemory(MemoryError):
         self.available = available
         self.unit = unit
         super().__init__(f"out of memory: need {needed} {unit}, only {available} available")
+
+
+class EngineBroken(RuntimeError):
+    """A batch failed after it had changed the live state and could not be rolled back.
+
+    Only a planner bug can cause this (a planner's later event refused by the
+    rules); the engine refuses further use rather than go on from a state no
+    event sequence explains.
+    """
+
+
+class VerificationError(AssertionError):
+    """The live backend and the persistent backend disagree (``verify_every``)."""
+
+    def __init__(self, index: int, event: Any, message: str) -> None:
+        self.index = index
+        self.event = event
+        super().__init__(f"event #{index} {event!r}: {message}")
+
+
+class ListenerError(RuntimeError):
+    """A listener raised while a committed batch was delivered; the batch stays applied."""
+
+    def __init__(self, listener: Any, error: BaseException) -> None:
+        self.listener = listener
+        self.error = error
+        super().__init__(f"listener {listener!r} failed and was detached: {error!r}")

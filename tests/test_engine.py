@@ -6,7 +6,7 @@ import pytest
 
 from kvstate import Engine, InvalidEvent, check
 from kvstate import events as ev
-from kvstate.engine import EngineBroken, ListenerError, VerificationError
+from kvstate.errors import EngineBroken, ListenerError, VerificationError
 from kvstate.planner import plan_insert, plan_match
 from kvstate.planner.alloc import plan_decode, plan_extend
 from kvstate.planner.requests import RequestCursor, plan_release

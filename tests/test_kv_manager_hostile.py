@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kvstate import ModelConfig, OutOfMemory, check
-from kvstate.engine import ListenerError
+from kvstate.errors import ListenerError
 from kvstate.kv_manager import KVCacheManager
 
 TINY = ModelConfig(num_layers=2, num_kv_heads=1, head_dim=2)  # 16 bytes per token, 8 per layer

@@ -20,7 +20,7 @@ from log_helpers import planner_workload
 
 import kvstate.log.writer as writer_module
 from kvstate import Engine, Geometry
-from kvstate.engine import ListenerError
+from kvstate.errors import ListenerError
 from kvstate.events import Allocate, Event, Free
 from kvstate.events.codec import CODEC, upcaster
 from kvstate.log import (

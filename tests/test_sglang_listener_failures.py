@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from kvstate.engine import ListenerError
+from kvstate.errors import ListenerError
 from kvstate.events import Evict, MambaCopy, MambaEvict, SwaEvict, SwaFree
 from kvstate.invariants import check
 from kvstate.sglang import Req

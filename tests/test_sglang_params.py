@@ -65,6 +65,9 @@ def test_radix_key_limit_and_namespaces():
                 RadixKey([1, 2], is_bigram=True)):
         with unchanged(pool), pytest.raises(ValueError):
             cache.match_prefix(MatchPrefixParams(key=key))
+    for limit in ("3", 1.5, True):  # a limit that is not an int is named, before any compare
+        with unchanged(pool), pytest.raises(TypeError, match="RadixKey.limit must be an int"):
+            cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4], limit=limit)))
 
 
 def test_insert_and_evict_params_forms():

@@ -159,7 +159,7 @@ def test_refused_allocation_keeps_only_the_window_release() -> None:
 def _serve(manager: Any, failing: bool) -> list[Any]:
     """A scheduler-like run (admissions with hits, decodes, frees); with ``failing``, a listener
     that keeps failing at commits is re-attached after each failure."""
-    from kvstate.engine import ListenerError
+    from kvstate.errors import ListenerError
 
     listener = FailingListener(3)
     trace: list[Any] = []

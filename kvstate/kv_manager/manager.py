@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import torch
 
 from kvstate.config import ModelConfig
-from kvstate.engine import Engine, ListenerError
-from kvstate.errors import OutOfMemory
+from kvstate.engine import Engine
+from kvstate.errors import ListenerError, OutOfMemory
 from kvstate.kv_manager.checks import check_count, check_id, check_layer, check_new_id, check_text
 from kvstate.kv_manager.checks import model_config as _model_config
 from kvstate.kv_manager.errors import ModeError, ReservationExceeded

@@ -25,16 +25,15 @@ A request's lock is ``Lock`` (FULL path), ``SwaLock`` (one window) and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
 from typing import Any
 
 import msgspec
 
 from kvstate.events import Lock, MambaLock, MambaTouch, MambaUnlock, SwaLock, SwaUnlock, Touch, Unlock
 from kvstate.planner.builder import Builder
-from kvstate.planner.swa_match import refresh_window, split_node, window_top
+from kvstate.planner.swa_match import path_pages, refresh_window, split_node, window_top
 from kvstate.planner.tree_ops import common_prefix
-from kvstate.state import ROOT
+from kvstate.state import ROOT, path_to_root
 
 
 class MambaMatch(msgspec.Struct, frozen=True, gc=False):
@@ -118,22 +117,14 @@ def plan_mamba_match(b: Builder, key: Sequence[int], *, grid: int,
     if slot:
         b.emit(MambaTouch(best, b.state.clock + 1))
     nodes = b.state.nodes
-    path = _path(nodes, best)
+    path = list(path_to_root(nodes, best))
     b.emit(Touch((*path, ROOT), b.state.clock + 1))
     page_floor = full_hit // size * size
     grid_floor = full_hit // grid * grid
-    pages = tuple(chain.from_iterable([nodes[n].pages for n in reversed(path)]))
     return MambaMatch(best_len, best, full_hit,
                       page_floor if window is not None and page_floor > best_len else None,
-                      grid_floor if grid_floor > best_len else None, slot, pages)
-
-
-def _path(nodes: Any, node_id: int) -> list[int]:
-    out = []
-    while node_id != ROOT:
-        out.append(node_id)
-        node_id = nodes[node_id].parent
-    return out
+                      grid_floor if grid_floor > best_len else None, slot,
+                      path_pages(nodes, path))
 
 
 # -- locks -------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import msgspec
 from kvstate.events import Lock, Split, SwaLock, SwaTouch, SwaUnlock, Touch, Unlock
 from kvstate.planner.builder import Builder
 from kvstate.planner.tree_ops import common_prefix
-from kvstate.state import ROOT, expand_pages
+from kvstate.state import ROOT, expand_pages, path_to_root
 
 
 class UnifiedMatch(msgspec.Struct, frozen=True, gc=False):
@@ -92,12 +92,12 @@ def plan_unified_match(b: Builder, key: Sequence[int], *, window: int) -> Unifie
             break
     if best != ROOT:  # the root's window is empty: nothing to refresh
         refresh_window(b, best, window)
-    path = _path(b.state.nodes, best)
+    nodes = b.state.nodes
+    path = list(path_to_root(nodes, best))
     b.emit(Touch((*path, ROOT), b.state.clock + 1))
     aligned = full_hit // size * size
-    nodes = b.state.nodes
-    pages = tuple(chain.from_iterable([nodes[n].pages for n in reversed(path)]))
-    return UnifiedMatch(best_len, best, full_hit, aligned if aligned > best_len else None, pages)
+    return UnifiedMatch(best_len, best, full_hit, aligned if aligned > best_len else None,
+                        path_pages(nodes, path))
 
 
 def _extend_run(run: int, node: Any) -> int:
@@ -121,12 +121,10 @@ def split_node(b: Builder, node_id: int, at: int) -> int:
     return _split(b, node_id, at)
 
 
-def _path(nodes: Any, node_id: int) -> list[int]:
-    out = []
-    while node_id != ROOT:
-        out.append(node_id)
-        node_id = nodes[node_id].parent
-    return out
+def path_pages(nodes: Any, path: Sequence[int]) -> tuple[int, ...]:
+    """The FULL pages of ``path`` (node ids from the deepest up, as ``path_to_root``
+    gives them), root end first."""
+    return tuple(chain.from_iterable([nodes[n].pages for n in reversed(path)]))
 
 
 def refresh_window(b: Builder, node_id: int, window: int) -> None:
@@ -150,8 +148,8 @@ def refresh_window(b: Builder, node_id: int, window: int) -> None:
 def path_slots(state: Any, node_id: int) -> tuple[int, ...]:
     """Every FULL slot on the path from the root to ``node_id``."""
     nodes = state.nodes
-    pages = list(chain.from_iterable([nodes[n].pages for n in reversed(_path(nodes, node_id))]))
-    return expand_pages(pages, state.geometry.page_size)
+    return expand_pages(path_pages(nodes, list(path_to_root(nodes, node_id))),
+                        state.geometry.page_size)
 
 
 # -- locks -------------------------------------------------------------------------------

@@ -107,16 +107,6 @@ def cpu_array(tensor: torch.Tensor) -> Any:
 
 def token_ids(key: Any) -> tuple[int, ...]:
     """The token ids of a key: a sequence, tensor, ``array`` or ``RadixKey`` (honouring ``limit``)."""
-    tokens = getattr(key, "token_ids", None)
-    if type(tokens) is array and tokens.typecode == "q" and (
-            getattr(key, "extra_key", None) is None and not getattr(key, "is_bigram", False)
-            and getattr(key, "limit", None) is None and not getattr(key, "cache_salt", None)):
-        # The usual key (SGLang builds an int64 array): one namespace, no limit.  The ids
-        # are int64 already; only a negative one is refused.
-        out = tokens.tolist()
-        if out and min(out) < 0:
-            raise ValueError(f"token ids: {min(out)} is outside 0..{MAX_ID}")
-        return tuple(out)
     if hasattr(key, "token_ids"):
         if getattr(key, "extra_key", None) is not None or getattr(key, "cache_salt", None):
             raise ValueError("kvstate's radix tree has one namespace: extra_key and cache_salt "
@@ -125,8 +115,10 @@ def token_ids(key: Any) -> tuple[int, ...]:
             raise ValueError("EAGLE bigram keys are not supported by kvstate's radix tree")
         limit = getattr(key, "limit", None)
         tokens = key.token_ids
-        if limit is not None and limit < len(tokens):
-            tokens = tokens[: max(as_int(limit, "RadixKey.limit", low=-MAX_ID), 0)]
+        if limit is not None:  # checked first: a limit that is not an int is named as such
+            limit = as_int(limit, "RadixKey.limit", low=-MAX_ID)
+            if limit < len(tokens):
+                tokens = tokens[: max(limit, 0)]
         return tuple(int_seq(tokens, "token ids"))
     return tuple(int_seq(key, "token ids"))
 

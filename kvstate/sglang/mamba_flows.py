@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvstate.engine import Engine, ListenerError
+from kvstate.engine import Engine
+from kvstate.errors import ListenerError
 from kvstate.events import MambaFree
 from kvstate.planner.mamba_evict import plan_mamba_evict_for_alloc
 from kvstate.planner.mamba_match import MambaReceipt

@@ -30,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvstate.engine import Engine, ListenerError
+from kvstate.engine import Engine
+from kvstate.errors import ListenerError
 from kvstate.planner.swa_decode import DecodeStep, Evictor, plan_decode_step, plan_extend_step
 from kvstate.planner.swa_evict import plan_evict_for_alloc
 from kvstate.planner.swa_match import path_slots

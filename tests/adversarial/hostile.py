@@ -15,6 +15,8 @@ from typing import Any
 
 import msgpack
 
+from kvstate.msgpack_raw import array_header
+
 MAGIC = b"\x89KVS\r\n\x1a\n"
 INF = b"\xcb\x7f\xf0\x00\x00\x00\x00\x00\x00"  # float64 +inf
 NEG_ZERO = b"\xcb\x80\x00\x00\x00\x00\x00\x00\x00"  # float64 -0.0
@@ -49,13 +51,7 @@ def log(bodies: list[bytes], geometry: dict[str, Any] | None = None, **extra: An
     return header(geometry, **extra) + b"".join(frame(b) for b in bodies) + end(len(bodies))
 
 
-def array(count: int) -> bytes:
-    """A msgpack array header for ``count`` items."""
-    if count < 16:
-        return bytes((0x90 | count,))
-    if count < 1 << 16:
-        return b"\xdc" + count.to_bytes(2, "big")
-    return b"\xdd" + count.to_bytes(4, "big")
+array = array_header  # a msgpack array header for ``count`` items
 
 
 def nested(depth: int, leaf: bytes = b"\x01") -> bytes:
