@@ -184,8 +184,7 @@ class Engine:
             event = validated(event)
         except EventDecodeError as exc:
             raise InvalidEvent(event, self.seq, str(exc)) from None
-        with self.batch() as batch:
-            batch.emit(event)
+        self.commit_event(event)
 
     def batch(self) -> Batch:
         """Apply the events of one decision; listeners see them when the block ends.
@@ -251,6 +250,25 @@ class Engine:
         if journal is not None:
             journal.append(event)
         batch.append(event)
+
+    def commit_event(self, event: Event) -> None:
+        """One well-typed event as a whole batch: what ``with engine.batch() as b:
+        b.emit(event)`` does, without the batch object (front ends' single-event calls,
+        which build the event from checked arguments; an event from outside goes through
+        ``apply``, which validates its fields first).
+
+        Nothing to roll back: an event whose rule refuses it changed nothing.
+        """
+        if self._broken is not None:
+            raise EngineBroken(f"engine unusable after an earlier failure: {self._broken}")
+        if self._batch is not None:
+            raise RuntimeError("batches do not nest; emit into the open batch")
+        self._batch = []
+        try:
+            self.emit(event)
+        finally:
+            events, self._batch = self._batch, None
+        self._commit(events)
 
     def commit(self, plan: Any) -> Any:
         """Apply a ``Plan`` computed elsewhere (its events, in one batch); its result."""

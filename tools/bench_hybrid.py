@@ -3,6 +3,7 @@
     python tools/bench_swa.py                                   # FULL + SWA, page 1
     python tools/bench_swa.py --page-size 4 --repeats 5
     python tools/bench_mamba.py --configs mamba-extra --steps 3000
+    python tools/bench_mamba.py --configs mamba-extra --parts  # + the calls inside an insert
     python tools/bench_swa.py --before ../kvstate-before        # + an older kvstate tree
 
 Two families share this harness: ``swa`` (FULL + SWA: the op lists of
@@ -77,30 +78,72 @@ def page_sizes(family: str, config: str) -> tuple[int, ...]:
     return tuple(CONFIGS[config][2])
 
 
+# ``--parts``: the calls a bare ``insert`` op makes, timed on their own (Mamba family)
+INSERT_PARTS = (("insert: FULL alloc", "bare_alloc"), ("insert: Mamba alloc", "mamba_alloc"),
+                ("insert: tree insert", "insert"))
+
+
 def time_side(family: str, kind: str, backend: str, config: str, page_size: int, seed: int,
-              steps: int) -> dict[str, list[float]]:
-    """CPU seconds and counts per op kind for one replay of the op list."""
+              steps: int, parts: bool = False) -> dict[str, list[float]]:
+    """CPU seconds and counts per op kind for one replay of the op list (with ``parts``,
+    also per call inside the ``insert`` ops)."""
     build = _swa_run if family == "swa" else _mamba_run
     side, ops, apply = build(kind, backend, config, page_size, seed, steps)
     totals: dict[str, list[float]] = {}
     clock = time.process_time
+    current = [""]
+    if parts and family == "mamba":
+        _time_insert_parts(side, totals, current)
     gc.collect()
     for op in ops:
+        current[0] = op[0]
         start = clock()
         result = apply(side, op)
         spent = clock() - start
         if isinstance(result, str):  # "skip", "none", "full", "oom": not a real op
+            for name, _ in INSERT_PARTS:  # nor are its parts
+                totals.pop(f"pending {name}", None)
             continue
         entry = totals.setdefault(op[0], [0.0, 0])
         entry[0] += spent
         entry[1] += 1
+        for name, _ in INSERT_PARTS:
+            pending = totals.pop(f"pending {name}", None)
+            if pending is not None:
+                part = totals.setdefault(name, [0.0, 0])
+                part[0] += pending[0]
+                part[1] += 1
     return totals
 
 
+def _time_insert_parts(side: Any, totals: dict[str, list[float]], current: list[str]) -> None:
+    """Wrap the side's FULL alloc, Mamba alloc and tree insert: inside an ``insert`` op each
+    call's CPU time is held as pending until the op is known to have done something."""
+    clock = time.process_time
+    allocator = side.pool.mamba_allocator
+    owners = {"bare_alloc": side, "mamba_alloc": allocator, "insert": side}
+    for name, call in INSERT_PARTS:
+        owner = owners[call]
+        real = getattr(owner, "alloc" if call == "mamba_alloc" else call)
+
+        def timed(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            if current[0] != "insert":
+                return _real(*args, **kwargs)
+            start = clock()
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                pending = totals.setdefault(f"pending {_name}", [0.0, 0])
+                pending[0] += clock() - start
+
+        setattr(owner, "alloc" if call == "mamba_alloc" else call, timed)
+
+
 def run_side(python: str, family: str, kind: str, backend: str, config: str, page_size: int,
-             seed: int, steps: int, pythonpath: str | None = None) -> dict[str, list[float]]:
+             seed: int, steps: int, pythonpath: str | None = None, parts: bool = False
+             ) -> dict[str, list[float]]:
     command = [python, str(HERE / "bench_hybrid.py"), "--side", family, kind, backend, config,
-               str(page_size), str(seed), str(steps)]
+               str(page_size), str(seed), str(steps), *(["--parts"] if parts else [])]
     env = dict(os.environ)
     if pythonpath is not None:  # an older kvstate tree first on the path
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
@@ -117,7 +160,8 @@ def main(argv: list[str] | None = None, *, family: str | None = None) -> int:
             import kvstate
 
             print(kvstate.__file__, file=sys.stderr)
-        totals = time_side(fam, kind, backend, config, int(page), int(seed), int(steps))
+        totals = time_side(fam, kind, backend, config, int(page), int(seed), int(steps),
+                           parts="--parts" in sys.argv[9:])
         print(json.dumps(totals))
         return 0
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
@@ -131,6 +175,9 @@ def main(argv: list[str] | None = None, *, family: str | None = None) -> int:
     parser.add_argument("--backends", default="python,rust")
     parser.add_argument("--before", default=None,
                         help="a directory holding an older kvstate package, timed as one more side")
+    parser.add_argument("--parts", action="store_true",
+                        help="also time the FULL alloc, Mamba alloc and tree insert inside each "
+                             "insert op (Mamba family)")
     args = parser.parse_args(argv)
     family = family or args.family
     configs = args.configs or DEFAULT_CONFIGS[family]
@@ -153,13 +200,13 @@ def main(argv: list[str] | None = None, *, family: str | None = None) -> int:
         for _ in range(args.repeats):
             for name, python, kind, backend, path in sides:
                 totals = run_side(python, family, kind, backend, config, page, args.seed,
-                                  args.steps, path)
+                                  args.steps, path, parts=args.parts)
                 for op, (seconds, count) in totals.items():
                     samples[name].setdefault(op, []).append(1e6 * seconds / max(count, 1))
                     counts[op] = count
         ours = names.index("kvstate")
         theirs = names.index("SGLang python") if "SGLang python" in names else len(names) - 1
-        for op in KINDS[family]:
+        for op in (*KINDS[family], *(name for name, _ in INSERT_PARTS)):
             if op not in counts:
                 continue
             medians = [statistics.median(samples[name].get(op, [float("nan")])) for name in names]

@@ -38,11 +38,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 COPIED = ("kvstate", "specs", "tests", "tools", "pyproject.toml")  # tools: the hybrid runs' generators
 PINS = ("tiny", "paged", "rows-sglang-paged", "block", "block-paged", "host")
-HOST_PLANNER = ("write_through_backs_up_on_insert_and_evict_keeps_the_key",
-                "write_back_does_not_back_up_on_insert", "host_only_hit_is_loaded_back",
-                "offload_preconditions", "load_and_host_free_preconditions",
-                "evicting_an_unbacked_parent_of_host_only_nodes_is_refused",
-                "host_evict_drops_lru_host_only_leaves")
 TESTS = (  # fast ones first: a mutant stops at its first failing test (-x)
     "tests/test_rule_rejects.py",
     "tests/test_rejection_messages.py",
@@ -62,8 +57,14 @@ TESTS = (  # fast ones first: a mutant stops at its first failing test (-x)
     "tests/test_swa_extend.py",
     "tests/test_swa_runs.py::test_backends_model_and_checks_agree",
     "tests/test_mamba_runs.py::test_backends_model_and_checks_agree",
+    # vLLM's hybrid coordinator (per-group hits, skipped blocks, Mamba align, idle steps)
+    "tests/test_vllm_hybrid.py",
+    "tests/test_vllm_hybrid_api.py",
+    "tests/test_vllm_hybrid_idle.py",
+    "tests/test_vllm_planner.py",
+    "tests/test_mamba_front_end.py",
     "tests/test_policy_check.py::test_builtin_priorities_and_the_loader_in_one_fast_pass",
-    *(f"tests/test_host_tier.py::test_{name}" for name in HOST_PLANNER),
+    "tests/test_host_tier.py",  # the tiered planner's scenarios and its stateful machine
     *(f"tests/test_explore_small.py::test_pinned_scope[{name}]" for name in PINS),
 )
 AREAS = {"rules": ("kvstate/rules/*",), "planner": ("kvstate/planner/*",),

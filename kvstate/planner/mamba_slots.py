@@ -1,7 +1,7 @@
 """Mamba slot allocation for requests (SGLang 0.5.23's ``MambaSlotAllocator`` callers).
 
 * ``plan_take_slots``: slots from the head of the free list (``MambaAlloc``),
-  or nothing when too few are free;
+  or nothing when too few are free (``head_slots``: which, reading only);
 * ``plan_slot_or_evict``: one slot, evicting one state first when none is
   free (``_alloc_mamba_slot``);
 * ``plan_copy_on_match``: a hit's state copied into the request's own slot,
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from kvstate.events import MambaAlloc, MambaBind, MambaCopy, MambaFree
 from kvstate.planner.builder import Builder
@@ -24,13 +25,19 @@ from kvstate.planner.mamba_match import MambaMatch, plan_mamba_lock, plan_mamba_
 from kvstate.state import RequestId
 
 
+def head_slots(state: Any, count: int) -> list[int] | None:
+    """The ``count`` slots a ``MambaAlloc`` takes now (the free list's head), or ``None`` when
+    fewer are free.  Reads only: a front end that commits this one event alone uses it."""
+    queue = state.mamba.free_slots
+    if count > len(queue):
+        return None
+    return [int(slot) for slot in queue.head(count)]
+
+
 def plan_take_slots(b: Builder, count: int) -> list[int] | None:
     """``count`` slots off the head of the Mamba free list (``MambaAlloc``), or ``None``
     (nothing emitted) when fewer are free."""
-    queue = b.state.mamba.free_slots
-    if count > len(queue):
-        return None
-    slots = [int(slot) for slot in queue.head(count)]
+    slots = head_slots(b.state, count)
     if slots:
         b.emit(MambaAlloc(tuple(slots)))
     return slots

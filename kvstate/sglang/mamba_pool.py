@@ -32,9 +32,9 @@ from typing import Any
 import torch
 
 from kvstate.engine import Engine
-from kvstate.events import Event, MambaBind, MambaCopy, MambaDonate, MambaFree, ReqAlloc, Reset
+from kvstate.events import Event, MambaAlloc, MambaBind, MambaCopy, MambaDonate, MambaFree, ReqAlloc, Reset
 from kvstate.invariants import Violation
-from kvstate.planner.mamba_slots import plan_free_row_slots, plan_row_slots, plan_take_slots
+from kvstate.planner.mamba_slots import head_slots, plan_free_row_slots, plan_row_slots
 from kvstate.sglang.binding import FrontEndMixin
 from kvstate.sglang.inputs import as_int, cpu_array, int64_tensor, int_list
 from kvstate.sglang.pool import ReqToTokenPool
@@ -65,16 +65,16 @@ class MambaSlotAllocator(FrontEndMixin):
         """``need_size`` slots from the front (held DETACHED), or ``None``.  Commits
         ``MambaAlloc``."""
         need = as_int(need_size, "need_size")
-        with self.engine.batch() as batch:
-            slots = plan_take_slots(batch, need)
+        slots = head_slots(self.engine.view, need)
+        if slots:  # one event: committed without a batch object (``Engine.commit_event``)
+            self.engine.commit_event(MambaAlloc(tuple(slots)))
         return None if slots is None else int64_tensor(slots)
 
     def free(self, free_index: Any) -> None:
         """Append slots (held ones) to the free list, in order.  Commits ``MambaFree``."""
         slots = int_list(free_index, "free_index", low=1, high=self.size)
         if slots:
-            with self.engine.batch() as batch:
-                batch.emit(MambaFree(tuple(slots)))
+            self.engine.commit_event(MambaFree(tuple(slots)))
 
 
 class MambaPool:

@@ -169,8 +169,7 @@ class ReqToTokenPool(FrontEndMixin):
 
     def _commit(self, event: Event) -> None:
         # Every field was checked above (exact ints in range), so the event skips re-validation.
-        with self.engine.batch() as batch:
-            batch.emit(event)
+        self.engine.commit_event(event)
 
 
 def _is_vector(value: Any) -> bool:

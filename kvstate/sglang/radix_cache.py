@@ -224,8 +224,7 @@ class RadixCache(RequestFlows, FrontEndMixin):
         if self.disable or node_id == ROOT:
             return 0
         before = self.engine.view.evictable_size
-        with self.engine.batch() as batch:
-            batch.emit(event_type(node_id))
+        self.engine.commit_event(event_type(node_id))
         return int(self.engine.view.evictable_size - before)
 
     # -- sizes and reads -------------------------------------------------------------------

@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from kvstate.engine import Engine
-from kvstate.events import Allocate, SwaAlloc
+from kvstate.events import Allocate
 from kvstate.invariants import Violation
 from kvstate.planner.alloc import decode_slots, extend_slots, new_pages_for_extend
+from kvstate.planner.swa_requests import plan_paired_pages
 from kvstate.sglang.binding import FrontEndMixin, engine_for_allocator
 from kvstate.sglang.inputs import (
     as_int,
@@ -210,9 +211,8 @@ class SWATokenToKVPoolAllocator(SwaFreesMixin, FrontEndMixin):
         paired already)."""
         with self.engine.batch() as batch:
             if pages:
-                swa_pages = batch.state.swa.free_pages.head(len(pages))
                 batch.emit(Allocate(tuple(pages)))
-                batch.emit(SwaAlloc(tuple(zip(pages, swa_pages, strict=True))))
+                plan_paired_pages(batch, pages)
             self.map_slots(batch, slots)
 
     def _slots(self, pages: Sequence[int]) -> torch.Tensor:

@@ -159,6 +159,9 @@ class SwaFreesMixin:
         return list(events)
 
     def _commit(self, events: list[Event]) -> None:
+        if len(events) == 1:
+            self.engine.commit_event(events[0])
+            return
         with self.engine.batch() as batch:
             for event in events:
                 batch.emit(event)
