@@ -13,10 +13,11 @@ beside other work.  ``--report`` only re-reads a finished run.
 The focused selection (``TESTS``) is the fast part of the suite that checks
 rules and planner semantics: both backends' rejections, the spec findings,
 the front ends' scenarios (SGLang, vLLM, the seed-002 manager's planner),
-the incremental checker, the policies, the host-tier planner, the hybrid
-(SWA and Mamba) rules, examples and random runs against the spec model, and five
-pinned explorer scopes (spec model on every candidate event: radix P = 1
-and 2, rows, block, host).  mutmut runs, per mutant, only the selected tests
+the incremental checker, the policies, the host-tier planner and its
+stateful machine, the hybrid (SWA and Mamba) rules, examples and random runs
+against the spec model, vLLM's hybrid coordinator (its scenarios, call forms
+and idle fast path), and six pinned explorer scopes (spec model on every
+candidate event: radix P = 1 and 2, rows, block, paged block, host).  mutmut runs, per mutant, only the selected tests
 that reach the mutated function, fastest first.  ``--only rules`` or
 ``--only planner`` mutates one package (the two take about 1 and 3 hours
 of CPU on the 2-core machine).
@@ -43,6 +44,7 @@ TESTS = (  # fast ones first: a mutant stops at its first failing test (-x)
     "tests/test_rejection_messages.py",
     "tests/test_spec_findings.py",
     "tests/test_kv_manager_planner.py",
+    "tests/test_planner_choices.py",
     "tests/test_sglang_params.py",
     "tests/test_sglang_scenarios.py",
     "tests/test_vllm_scenarios.py",
