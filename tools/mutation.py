@@ -16,9 +16,12 @@ the front ends' scenarios (SGLang, vLLM, the seed-002 manager's planner),
 the incremental checker, the policies, the host-tier planner and its
 stateful machine, the hybrid (SWA and Mamba) rules, examples and random runs
 against the spec model, vLLM's hybrid coordinator (its scenarios, call forms
-and idle fast path), and six pinned explorer scopes (spec model on every
-candidate event: radix P = 1 and 2, rows, block, paged block, host).  mutmut runs, per mutant, only the selected tests
-that reach the mutated function, fastest first.  ``--only rules`` or
+and idle fast path), the planner's pinned choices, the recorded peer
+transcripts of the hybrid differentials (the planners' decisions against
+SGLang's and vLLM's), and six pinned explorer scopes (spec model on every
+candidate event: radix P = 1 and 2, rows, block, paged block, host).
+mutmut runs, per mutant, only the selected tests that reach the mutated
+function, fastest first.  ``--only rules`` or
 ``--only planner`` mutates one package (the two take about 1 and 3 hours
 of CPU on the 2-core machine).
 """
@@ -45,6 +48,7 @@ TESTS = (  # fast ones first: a mutant stops at its first failing test (-x)
     "tests/test_spec_findings.py",
     "tests/test_kv_manager_planner.py",
     "tests/test_planner_choices.py",
+    "tests/test_peer_transcripts.py",  # the hybrid planners' decisions against the peers'
     "tests/test_sglang_params.py",
     "tests/test_sglang_scenarios.py",
     "tests/test_vllm_scenarios.py",
