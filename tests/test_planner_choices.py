@@ -8,6 +8,7 @@ run of ``kvstate/planner`` found them unpinned).
 from __future__ import annotations
 
 import sys
+import uuid
 from types import SimpleNamespace
 
 import pytest
@@ -142,12 +143,17 @@ def test_load_policy_messages_name_the_module_and_the_class():
 
 
 def test_load_policy_finds_a_file_in_the_working_directory(tmp_path, monkeypatch):
-    (tmp_path / "my_choice_policy.py").write_text(
+    # a name no earlier test (or forked test process) can have imported already
+    module = f"choice_policy_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
         "from kvstate.planner.policy import LeafLRU\n\nclass Mine(LeafLRU):\n    pass\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != ""])
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     before = list(sys.path)
-    policy = load_policy("my_choice_policy:Mine")
+    try:
+        policy = load_policy(f"{module}:Mine")
+    finally:
+        sys.modules.pop(module, None)
     assert type(policy).__name__ == "Mine"
     assert sys.path == before  # the working directory is taken off the path again
 

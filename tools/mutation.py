@@ -48,6 +48,7 @@ TESTS = (  # fast ones first: a mutant stops at its first failing test (-x)
     "tests/test_spec_findings.py",
     "tests/test_kv_manager_planner.py",
     "tests/test_planner_choices.py",
+    "tests/test_planner_flows.py",
     "tests/test_peer_transcripts.py",  # the hybrid planners' decisions against the peers'
     "tests/test_sglang_params.py",
     "tests/test_sglang_scenarios.py",

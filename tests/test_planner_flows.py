@@ -1,0 +1,139 @@
+"""The planner's request flows pinned where the scenarios only see their sum: the slot math of
+a batched extend, several requests in one decision, a policy's own victims, a release's
+truncation and frees, the block-mode leaves and the seed-002 layout helpers.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kvstate import Engine, apply
+from kvstate import events as ev
+from kvstate.planner.alloc import extend_slots, last_loc, plan_decode, plan_extend
+from kvstate.planner.block import plan_get_new_blocks
+from kvstate.planner.builder import PlanBuilder
+from kvstate.planner.evict import candidate_leaves, plan_evict, plan_evict_nodes
+from kvstate.planner.kv_layout import prefix_node_of, prefix_tokens_of
+from kvstate.planner.policy import LeafFIFO, LeafLRU
+from kvstate.planner.requests import RequestCursor, plan_release
+from kvstate.planner.tree_ops import plan_match
+from kvstate.state import ROOT, Geometry, initial_state
+from tests.test_engine import GEOMETRY
+from tests.test_planner_choices import _cached_engine, _three_leaf_tree
+
+
+def test_extend_slots_continue_pages_then_take_fresh_ones_request_by_request():
+    # page size 4: (prefix_len, seq_len, last_loc) -> the rest of the partial page, whole
+    # fresh pages, a fresh page for the tail; the next request starts after the pages taken
+    entries = [(2, 11, 9), (0, 4, -1), (4, 6, 51)]
+    assert extend_slots(4, entries, [10, 11, 12, 13]) == [
+        [10, 11, 40, 41, 42, 43, 44, 45, 46], [48, 49, 50, 51], [52, 53]]
+
+
+def test_last_loc_is_the_slot_of_the_last_mapped_position():
+    engine = Engine(GEOMETRY)
+    engine.apply(ev.ReqAlloc((2,)))
+    assert last_loc(engine.view, 2) == -1  # nothing mapped
+    with engine.batch() as b:
+        plan_extend(b, [(2, 6)], at_head=True)
+    second_page = engine.view.requests[2].pages[1]
+    assert last_loc(engine.view, 2) == second_page * 4 + 1
+
+
+def test_one_extend_for_several_requests_takes_exactly_their_pages():
+    engine = Engine(GEOMETRY)  # 32 free pages, nothing cached
+    engine.apply(ev.ReqAlloc((1, 2)))
+    with engine.batch() as b:  # 10 + 22 pages: the whole free list
+        slots = plan_extend(b, [(1, 40), (2, 88)], at_head=True)
+    assert slots is not None and [len(s) for s in slots] == [40, 88]
+    assert len(engine.view.free_pages) == 0
+    assert not any(type(e) is ev.Evict for e in engine.events)
+
+
+def test_one_decode_for_several_requests_takes_a_page_only_at_a_boundary():
+    engine = Engine(GEOMETRY)
+    engine.apply(ev.ReqAlloc((1, 2, 3)))
+    with engine.batch() as b:  # rows at 4, 6 and 8 tokens: 1 + 2 + 2 pages
+        plan_extend(b, [(1, 4), (2, 6), (3, 8)], at_head=True)
+    free = len(engine.view.free_pages)
+    with engine.batch() as b:
+        slots = plan_decode(b, [1, 2, 3], at_head=True)
+    assert slots is not None and len(engine.view.free_pages) == free - 2  # rows 1 and 3
+    assert slots[1] == engine.view.requests[2].pages[1] * 4 + 2
+
+
+def test_a_policys_own_victims_decide_what_an_extend_evicts():
+    engine = _cached_engine()  # one cached node
+    leaf = next(iter(engine.view.leaves))
+    free = len(engine.view.free_pages)
+    engine.apply(ev.ReqAlloc((2,)))
+    asked = []
+
+    def victims(state, num_tokens):
+        asked.append(num_tokens)
+        return [leaf]
+
+    with engine.batch() as b:
+        assert plan_extend(b, [(2, (free + 1) * 4)], at_head=False, victims=victims) is not None
+    assert asked == [4]  # the deficit in tokens: one page
+    assert [e for e in engine.events if type(e) is ev.Evict] == [ev.Evict((leaf,), False)]
+
+
+def test_evicting_nothing_emits_nothing():
+    state = _three_leaf_tree()[0]
+    b = PlanBuilder(state)
+    assert plan_evict(b, 0, at_head=True) == 0
+    assert plan_evict_nodes(b, [], at_head=True) == 0
+    assert b.events == []
+    assert plan_evict(b, 5, at_head=True) == 8 and len(b.events) == 1
+
+
+def test_fifo_ranks_by_creation_order_where_lru_ranks_by_access():
+    state, b_node, a_node, c_node, d_node, _ = _three_leaf_tree()
+    touched = PlanBuilder(state)
+    plan_match(touched, [1] * 4 + [2] * 4)  # B (and A) accessed again
+    fifo = LeafFIFO()
+    assert fifo.priority(state, d_node) == (d_node, d_node)
+    assert fifo.victims(touched.state, 100) == [b_node, c_node, a_node, d_node]
+    assert LeafLRU().victims(touched.state, 100) == [c_node, d_node, b_node, a_node]
+
+
+def test_a_retract_that_keeps_the_row_truncates_it_to_the_tree_prefix():
+    for at_head in (True, False):
+        engine = Engine(GEOMETRY)
+        engine.apply(ev.ReqAlloc((2,)))
+        with engine.batch() as b:
+            plan_extend(b, [(2, 10)], at_head=True)
+        pages = list(engine.view.requests[2].pages)
+        with engine.batch() as b:
+            plan_release(b, RequestCursor(2), list(range(10)), prompt_len=10, owned=10,
+                         checkpoint=False, at_head=at_head, close_row=False)
+        events = engine.events[-2:]
+        assert events[0] == ev.Truncate(2, 0)
+        assert events[1] == ev.Free(tuple(pages), at_head)
+        assert engine.view.requests[2].pages == []
+
+
+def test_block_mode_leaves_are_the_childless_unlocked_nodes():
+    geometry = Geometry(num_pages=8, page_size=2, num_rows=2, row_width=32, mode="block")
+    b = PlanBuilder(apply(initial_state(geometry), ev.ReqAlloc((1,))))
+    pages = plan_get_new_blocks(b, 1, 4)
+    state = apply(b.state, ev.BlockCache(ROOT, ((1, (1, 1), None, pages[0]),
+                                                (2, (2, 2), None, pages[1]),
+                                                (3, (3, 3), None, pages[2]))))
+    assert candidate_leaves(state) == [3]
+    branch = apply(state, ev.BlockCache(1, ((4, (5, 5), None, pages[3]),)))  # a sibling of 2
+    assert sorted(candidate_leaves(branch)) == [3, 4]
+
+
+def test_seed_002_prefix_helpers():
+    assert prefix_tokens_of(SimpleNamespace(key=(123, 48, 0))) == 48
+    assert prefix_tokens_of(SimpleNamespace(key=(123, 7))) == 7
+    assert prefix_tokens_of(SimpleNamespace(key=(123,))) == 1  # a one-token prefix
+    state = SimpleNamespace(requests={"a": SimpleNamespace(pages=[5]), "b": SimpleNamespace(pages=[]),
+                                      "c": SimpleNamespace(pages=[6]), "r": SimpleNamespace(pages=[7])},
+                            page_node={5: 9, 7: ROOT})
+    assert prefix_node_of(state, "a") == 9
+    assert prefix_node_of(state, "b") is None  # no page yet
+    assert prefix_node_of(state, "c") is None  # its page is not cached
+    assert prefix_node_of(state, "r") is None  # the root is no prefix node
