@@ -22,12 +22,13 @@ from kvstate.planner.block_hits import cached_prefix
 from kvstate.planner.builder import PlanBuilder
 from kvstate.planner.evict import eviction_order
 from kvstate.planner.host import WRITE_BACK, WRITE_THROUGH, plan_insert_tiered, plan_match_tiered
-from kvstate.planner.kv_layout import prefix_code, prefix_key
+from kvstate.planner.kv_layout import find_prefix, prefix_code, prefix_key
 from kvstate.planner.kv_manager import (
     plan_open_with_prefix,
     plan_paged_append,
     plan_paged_close,
     plan_paged_open,
+    plan_reserve,
 )
 from kvstate.planner.policy import LeafLFU, PolicyError, load_policy, require_policy
 from kvstate.planner.requests import pages_of_segment
@@ -316,3 +317,20 @@ def test_a_hollow_block_ends_a_full_attention_hit_but_not_a_window_scan():
         assert cached_prefix(state, chain, 3, window) == [0, 0, pages[2]]
         assert cached_prefix(state, chain, 4, window) == [0, 0, pages[2]]
     assert cached_prefix(state, chain, 4, 5) == [pages[0]]  # two blocks: only the run at the start
+
+
+def test_reusing_a_prefix_evicts_the_others_first_even_when_it_is_older():
+    state = _retained_prefix(8)  # "h", then a newer "g"
+    _, _, state = run(state, plan_open_with_prefix, "c", LAYERS, "g", 4, 0, 0)
+    _, _, state = run(state, plan_paged_close, "c", LAYERS)
+    h_node, g_node = find_prefix(state, "h"), find_prefix(state, "g")
+    result, events, after = run(state, plan_open_with_prefix, "b", LAYERS, "h", 4, 12, 0)
+    assert result is False  # "h" reused
+    assert [e for e in events if type(e) is Evict] == [Evict((g_node,), True)]
+    assert find_prefix(after, "h") == h_node and find_prefix(after, "g") is None
+
+
+def test_a_reservation_may_take_every_free_page():
+    state = initial_state(Geometry(num_pages=6, row_width=6))
+    assert run(state, plan_reserve, "a", LAYERS, 6, 0)[0] is True
+    assert run(state, plan_reserve, "a", LAYERS, 7, 0)[:2] == (False, ())

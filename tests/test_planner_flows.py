@@ -7,18 +7,28 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kvstate import Engine, apply
+from kvstate import Engine, apply, check
 from kvstate import events as ev
+from kvstate.events import Allocate, Evict, HostFree, Load, Lock, Offload, Unlock
 from kvstate.planner.alloc import extend_slots, last_loc, plan_decode, plan_extend
 from kvstate.planner.block import plan_get_new_blocks
 from kvstate.planner.builder import PlanBuilder
 from kvstate.planner.evict import candidate_leaves, plan_evict, plan_evict_nodes
+from kvstate.planner.host import (
+    WRITE_BACK,
+    WRITE_THROUGH,
+    plan_backup,
+    plan_host_evict,
+    plan_insert_tiered,
+    plan_match_tiered,
+)
 from kvstate.planner.kv_layout import prefix_node_of, prefix_tokens_of
 from kvstate.planner.policy import LeafFIFO, LeafLRU
 from kvstate.planner.requests import RequestCursor, plan_release
 from kvstate.planner.tree_ops import plan_match
 from kvstate.state import ROOT, Geometry, initial_state
 from tests.test_engine import GEOMETRY
+from tests.test_host_tier import fold, planned, with_tree
 from tests.test_planner_choices import _cached_engine, _three_leaf_tree
 
 
@@ -137,3 +147,46 @@ def test_seed_002_prefix_helpers():
     assert prefix_node_of(state, "b") is None  # no page yet
     assert prefix_node_of(state, "c") is None  # its page is not cached
     assert prefix_node_of(state, "r") is None  # the root is no prefix node
+
+
+def _host_chain():
+    """Host tier (write-through, P=2): node 1 = [1..8] on device pages 1..4, its child
+    node 2 = [9, 10] on page 5 and node 3 = [20, 21] on page 6; all backed up."""
+    state = fold(with_tree(WRITE_THROUGH), Allocate((5, 6)))
+    state, _, _ = planned(state, plan_insert_tiered, list(range(1, 11)), list(range(2, 12)), 0,
+                          policy=WRITE_THROUGH, at_head=True)
+    state, _, _ = planned(state, plan_insert_tiered, [20, 21], [12, 13], 0,
+                          policy=WRITE_THROUGH, at_head=True)
+    return state
+
+
+def test_loading_a_child_locks_its_device_parent_while_making_room():
+    state = fold(_host_chain(), Evict((2,), True))  # node 2 is host-only, page 5 free
+    state = fold(state, Allocate(tuple(state.free_pages.head(len(state.free_pages)))))
+    for at_head in (True, False):
+        after, events, result = planned(state, plan_match_tiered, list(range(1, 11)),
+                                        policy=WRITE_THROUGH, at_head=at_head)
+        assert result.length == 10 and check(after) == []
+        # the parent (node 1) is pinned while node 3 is evicted for the load's page
+        assert events[1:5] == [Lock(1), Evict((3,), at_head), Unlock(1),
+                               Load(2, tuple(after.nodes[2].pages), events[0].time + 1)]
+
+
+def test_host_eviction_frees_lru_leaves_then_their_emptied_parents():
+    state = fold(_host_chain(), Evict((2,), True), Evict((1,), True))  # host-only chain 1 -> 2
+    assert len(state.host.free_pages) == 2  # node 3's backup holds one more
+    assert planned(state, plan_host_evict, 2)[1] == []  # already free
+    assert planned(state, plan_host_evict, 3)[1] == [HostFree((2,))]
+    both = [HostFree((2,)), HostFree((1,))]
+    assert planned(state, plan_host_evict, 7)[1] == both  # 1 becomes a leaf once 2 is gone
+    assert planned(state, plan_host_evict, 8)[1] == both  # all there is (3 is on the device)
+
+
+def test_a_backup_covers_the_node_and_its_unbacked_ancestors():
+    state = with_tree(WRITE_BACK)  # node 1 not backed up
+    assert planned(state, plan_backup, ROOT)[1:] == ([], True)
+    after, events, done = planned(state, plan_backup, 1)
+    assert done and events == [Offload(1, (0, 1, 2, 3))]
+    assert planned(after, plan_backup, 1)[1:] == ([], True)  # already backed up
+    full = with_tree(WRITE_BACK, host_pages=3)  # 4 pages do not fit on 3
+    assert planned(full, plan_backup, 1)[1:] == ([], False)
