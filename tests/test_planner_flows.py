@@ -22,11 +22,11 @@ from kvstate.planner.host import (
     plan_insert_tiered,
     plan_match_tiered,
 )
-from kvstate.planner.kv_layout import prefix_node_of, prefix_tokens_of
+from kvstate.planner.kv_layout import parse_layer_name, prefix_node_of, prefix_tokens_of, seed_id
 from kvstate.planner.policy import LeafFIFO, LeafLRU
-from kvstate.planner.requests import RequestCursor, plan_release
-from kvstate.planner.tree_ops import plan_match
-from kvstate.state import ROOT, Geometry, initial_state
+from kvstate.planner.requests import RequestCursor, plan_checkpoint, plan_release
+from kvstate.planner.tree_ops import plan_insert, plan_match
+from kvstate.state import DETACHED, ROOT, Geometry, initial_state
 from tests.test_engine import GEOMETRY
 from tests.test_host_tier import fold, planned, with_tree
 from tests.test_planner_choices import _cached_engine, _three_leaf_tree
@@ -190,3 +190,57 @@ def test_a_backup_covers_the_node_and_its_unbacked_ancestors():
     assert planned(after, plan_backup, 1)[1:] == ([], True)  # already backed up
     full = with_tree(WRITE_BACK, host_pages=3)  # 4 pages do not fit on 3
     assert planned(full, plan_backup, 1)[1:] == ([], False)
+
+
+def test_seed_002_core_names_parse_back():
+    assert seed_id("req/abc") == "abc" and seed_id("req/") == ""
+    for other in ("L0/abc", "abc", 7, None, "REQ/abc"):
+        assert seed_id(other) is None
+    assert parse_layer_name("L0/abc") == (0, "abc")
+    assert parse_layer_name("L12/a/b") == (12, "a/b")  # the seed id may hold a slash
+    for other in ("req/abc", "L/abc", "Lx/abc", "L3", "l3/abc", 3, None, "L-1/abc"):
+        assert parse_layer_name(other) is None
+
+
+def test_extend_slots_stay_in_the_partial_page_when_the_extend_fits_there():
+    # prefix 2, seq 3 at page size 4: one slot after last_loc 9, no fresh page
+    assert extend_slots(4, [(2, 3, 9), (0, 2, -1)], [10, 11]) == [[10], [40, 41]]
+
+
+def test_an_insert_below_a_split_counts_the_whole_matched_prefix():
+    engine = Engine(GEOMETRY)
+    engine.apply(ev.Allocate((1, 2, 3, 4, 5, 6)))
+    with engine.batch() as b:
+        first = plan_insert(b, [1, 2, 3, 4], None, DETACHED, pages=[1])
+        second = plan_insert(b, list(range(1, 13)), None, DETACHED, pages=[1, 2, 3])
+        # walks all of [1..4], then splits [5..12] after 4 tokens: 8 tokens were cached
+        third = plan_insert(b, [*range(1, 9), 77, 78, 79, 80], None, DETACHED, pages=[1, 4, 5])
+        short = plan_insert(b, [1, 2, 3], None, DETACHED, pages=[])  # less than a page
+    assert (first.prefix_len, second.prefix_len, third.prefix_len) == (0, 4, 8)
+    assert (short.prefix_len, short.last_node) == (0, ROOT)
+    keys = {node.key: node.parent for node in engine.view.nodes.values()}
+    top = next(i for i, n in engine.view.nodes.items() if n.key == (1, 2, 3, 4))
+    middle = next(i for i, n in engine.view.nodes.items() if n.key == (5, 6, 7, 8))
+    assert keys[(5, 6, 7, 8)] == top and keys[(9, 10, 11, 12)] == middle
+    assert keys[(77, 78, 79, 80)] == middle
+
+
+def test_a_checkpoint_splits_the_prompt_from_the_output_and_frees_duplicates():
+    engine = Engine(GEOMETRY)
+    engine.apply(ev.ReqAlloc((1, 2)))
+    tokens = list(range(1, 13))  # an 8-token prompt and 4 output tokens
+    with engine.batch() as b:
+        plan_extend(b, [(1, 12), (2, 12)], at_head=True)
+    with engine.batch() as b:
+        cursor = plan_checkpoint(b, RequestCursor(1), tokens, prompt_len=8, up_to=12,
+                                 at_head=True)
+    keys = sorted(node.key for node in engine.view.nodes.values() if node.key)
+    assert keys == [(1, 2, 3, 4, 5, 6, 7, 8), (9, 10, 11, 12)]  # the output part apart
+    assert cursor.protected_len == 12
+    own = tuple(engine.view.requests[2].pages)
+    before = len(engine.events)
+    with engine.batch() as b:  # the same tokens again: request 2's pages are duplicates
+        plan_checkpoint(b, RequestCursor(2), tokens, prompt_len=8, up_to=12, at_head=True)
+    frees = [e for e in engine.events[before:] if type(e) is ev.Free]
+    assert frees == [ev.Free(own, True)]
+    assert engine.view.requests[2].pages == engine.view.requests[1].pages
