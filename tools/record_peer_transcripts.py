@@ -6,8 +6,9 @@
 The three hybrid differentials (``diff_sglang_hybrid.py``, ``diff_sglang_mamba.py``,
 ``diff_vllm_hybrid.py``) run the same op lists on kvstate and on the real SGLang 0.5.23 and
 vLLM 0.33, and need the peers' virtual environments.  This tool runs the peers once on a
-fixed set of those op lists (the directed scripts and a few random seeds per configuration;
-SGLang with its Python tree core, whose snapshots include the tree) and writes what they
+fixed set of those op lists (the directed scripts and five (SGLang) or eight (vLLM)
+random seeds per configuration; SGLang with its Python tree core, whose snapshots
+include the tree) and writes what they
 returned to ``tests/data/peer_transcripts/`` (gzip-compressed JSON, one file per
 configuration).  ``tests/test_peer_transcripts.py`` replays kvstate's side of each op list
 and requires the very same trace, so CI checks kvstate's hybrid decisions against the
@@ -35,7 +36,8 @@ sys.path.insert(0, str(HERE))
 DATA = HERE.parent / "tests" / "data" / "peer_transcripts"
 STEPS = 120  # ops per SGLang seed
 VLLM_OPS = 100  # calls per vLLM seed
-RANDOM_SEEDS = (0, 1, 2)
+RANDOM_SEEDS = (0, 1, 2, 3, 4)  # per SGLang configuration
+VLLM_SEEDS = tuple(range(8))  # per vLLM layout and block size (Mamba align paths are rarer)
 
 
 def sets() -> dict[str, dict[str, Any]]:
@@ -56,7 +58,7 @@ def sets() -> dict[str, dict[str, Any]]:
         for size in (1, 16):
             out[f"vllm-{layout.replace('+', '-')}-bs{size}"] = {
                 "family": "vllm-hybrid", "layout": layout, "block_size": size,
-                "seeds": list(RANDOM_SEEDS), "steps": VLLM_OPS}
+                "seeds": list(VLLM_SEEDS), "steps": VLLM_OPS}
     out["vllm-directed"] = {"family": "vllm-hybrid-directed", "seeds": [], "steps": 0}
     return out
 
