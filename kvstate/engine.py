@@ -184,7 +184,7 @@ class Engine:
             event = validated(event)
         except EventDecodeError as exc:
             raise InvalidEvent(event, self.seq, str(exc)) from None
-        self.commit_event(event)
+        self.commit_events((event,))
 
     def batch(self) -> Batch:
         """Apply the events of one decision; listeners see them when the block ends.
@@ -194,11 +194,14 @@ class Engine:
         and the events since it are known) and otherwise refuses further use
         (``EngineBroken``).
         """
+        self._check_can_open()
+        return Batch(self)
+
+    def _check_can_open(self) -> None:
         if self._broken is not None:
             raise EngineBroken(f"engine unusable after an earlier failure: {self._broken}")
         if self._batch is not None:
             raise RuntimeError("batches do not nest; emit into the open batch")
-        return Batch(self)
 
     def _open_batch(self) -> tuple[State, int, int | None]:
         self._batch = []
@@ -251,30 +254,26 @@ class Engine:
             journal.append(event)
         batch.append(event)
 
-    def commit_event(self, event: Event) -> None:
-        """One well-typed event as a whole batch: what ``with engine.batch() as b:
-        b.emit(event)`` does, without the batch object (front ends' single-event calls,
-        which build the event from checked arguments; an event from outside goes through
-        ``apply``, which validates its fields first).
-
-        Nothing to roll back: an event whose rule refuses it changed nothing.
-        """
-        if self._broken is not None:
-            raise EngineBroken(f"engine unusable after an earlier failure: {self._broken}")
-        if self._batch is not None:
-            raise RuntimeError("batches do not nest; emit into the open batch")
-        self._batch = []
+    def commit_events(self, events: Sequence[Event]) -> None:
+        """Well-typed events already decided, as one batch: what ``with engine.batch() as b:``
+        emitting each does (the same rollback, listeners and errors), without the batch
+        object.  Front ends use it for decisions they build from checked arguments; an
+        event from outside goes through ``apply``, which validates its fields first."""
+        self._check_can_open()
+        start = self._open_batch()
+        failed: BaseException | None = None
         try:
-            self.emit(event)
+            for event in events:
+                self.emit(event)
+        except BaseException as exc:
+            failed = exc
+            raise
         finally:
-            events, self._batch = self._batch, None
-        self._commit(events)
+            self._close_batch(start, failed)
 
     def commit(self, plan: Any) -> Any:
         """Apply a ``Plan`` computed elsewhere (its events, in one batch); its result."""
-        with self.batch() as batch:
-            for event in plan.events:
-                batch.emit(event)
+        self.commit_events(plan.events)
         return plan.result
 
     def _commit(self, events: list[Event]) -> None:

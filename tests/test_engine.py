@@ -108,29 +108,33 @@ def test_a_batch_that_cannot_roll_back_breaks_the_engine():
         engine.apply(ev.ReqAlloc((3,)))
 
 
-def test_commit_event_is_a_batch_of_one_event():
+def test_commit_events_is_a_batch_without_the_batch_object():
     for backend in ("live", "persistent"):
         engine, batched = Engine(GEOMETRY, backend=backend), Engine(GEOMETRY, backend=backend)
         listener = Listener()
         engine.subscribe(listener)
-        engine.commit_event(ev.ReqAlloc((4,)))
+        engine.commit_events([ev.ReqAlloc((4,))])
         with batched.batch() as b:
             b.emit(ev.ReqAlloc((4,)))
         assert engine.state.fingerprint() == batched.state.fingerprint()
         assert listener.batches == [["ReqAlloc"]] and listener.seen_before == [("ReqAlloc", 0)]
         before = engine.state.fingerprint()
         with pytest.raises(InvalidEvent):
-            engine.commit_event(ev.Free((30,)))  # refused: nothing applied, nothing committed
+            engine.commit_events([ev.Free((30,))])  # refused: nothing applied, nothing committed
         assert engine.state.fingerprint() == before and len(engine.events) == 1
         assert listener.batches == [["ReqAlloc"]] and listener.discarded == ["Free"]
         with engine.batch() as b, pytest.raises(RuntimeError, match="do not nest"):
-            engine.commit_event(ev.ReqAlloc((3,)))
+            engine.commit_events([ev.ReqAlloc((3,))])
         assert engine.state.fingerprint() == before
-        engine.commit_event(ev.ReqAlloc((3,)))  # the refusals left the engine usable
+        engine.commit_events([ev.ReqAlloc((3,))])  # the refusals left the engine usable
         assert listener.batches[-1] == ["ReqAlloc"]
+        before = engine.state.fingerprint()
+        with pytest.raises(InvalidEvent):  # the second is refused: the first is rolled back
+            engine.commit_events([ev.ReqAlloc((2,)), ev.Free((30,))])
+        assert engine.state.fingerprint() == before and listener.batches[-1] == ["ReqAlloc"]
 
 
-def test_commit_event_refuses_a_broken_engine():
+def test_commit_events_refuses_a_broken_engine():
     engine = Engine(GEOMETRY)
     engine.state  # noqa: B018 - freeze once so a journal exists
     engine._journal = None  # noqa: SLF001 - no way back, as in the test above
@@ -138,7 +142,7 @@ def test_commit_event_refuses_a_broken_engine():
         b.emit(ev.ReqAlloc((2,)))
         b.emit(ev.Free((1,)))
     with pytest.raises(EngineBroken):
-        engine.commit_event(ev.ReqAlloc((3,)))
+        engine.commit_events([ev.ReqAlloc((3,))])
 
 
 class Listener:

@@ -92,33 +92,29 @@ def time_side(family: str, kind: str, backend: str, config: str, page_size: int,
     totals: dict[str, list[float]] = {}
     clock = time.process_time
     current = [""]
+    pending: dict[str, float] = {}  # the parts of the op in progress
     if parts and family == "mamba":
-        _time_insert_parts(side, totals, current)
+        _time_insert_parts(side, pending, current)
     gc.collect()
     for op in ops:
         current[0] = op[0]
         start = clock()
         result = apply(side, op)
         spent = clock() - start
-        if isinstance(result, str):  # "skip", "none", "full", "oom": not a real op
-            for name, _ in INSERT_PARTS:  # nor are its parts
-                totals.pop(f"pending {name}", None)
+        parts_spent = dict(pending)  # the wrappers hold this dict: emptied in place
+        pending.clear()
+        if isinstance(result, str):  # "skip", "none", "full", "oom": not a real op (nor its parts)
             continue
-        entry = totals.setdefault(op[0], [0.0, 0])
-        entry[0] += spent
-        entry[1] += 1
-        for name, _ in INSERT_PARTS:
-            pending = totals.pop(f"pending {name}", None)
-            if pending is not None:
-                part = totals.setdefault(name, [0.0, 0])
-                part[0] += pending[0]
-                part[1] += 1
+        for name, seconds in ((op[0], spent), *parts_spent.items()):
+            entry = totals.setdefault(name, [0.0, 0])
+            entry[0] += seconds
+            entry[1] += 1
     return totals
 
 
-def _time_insert_parts(side: Any, totals: dict[str, list[float]], current: list[str]) -> None:
+def _time_insert_parts(side: Any, pending: dict[str, float], current: list[str]) -> None:
     """Wrap the side's FULL alloc, Mamba alloc and tree insert: inside an ``insert`` op each
-    call's CPU time is held as pending until the op is known to have done something."""
+    call's CPU time goes to ``pending`` until the op is known to have done something."""
     clock = time.process_time
     allocator = side.pool.mamba_allocator
     owners = {"bare_alloc": side, "mamba_alloc": allocator, "insert": side}
@@ -133,8 +129,7 @@ def _time_insert_parts(side: Any, totals: dict[str, list[float]], current: list[
             try:
                 return _real(*args, **kwargs)
             finally:
-                pending = totals.setdefault(f"pending {_name}", [0.0, 0])
-                pending[0] += clock() - start
+                pending[_name] = pending.get(_name, 0.0) + clock() - start
 
         setattr(owner, "alloc" if call == "mamba_alloc" else call, timed)
 

@@ -216,12 +216,7 @@ class TokenToKVPoolAllocator(FrontEndMixin):
         self._commit(events)
 
     def _commit(self, events: list[Event]) -> None:
-        if len(events) == 1:
-            self.engine.commit_event(events[0])
-            return
-        with self.engine.batch() as batch:
-            for event in events:
-                batch.emit(event)
+        self.engine.commit_events(events)
 
 
 class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):

@@ -66,15 +66,15 @@ class MambaSlotAllocator(FrontEndMixin):
         ``MambaAlloc``."""
         need = as_int(need_size, "need_size")
         slots = head_slots(self.engine.view, need)
-        if slots:  # one event: committed without a batch object (``Engine.commit_event``)
-            self.engine.commit_event(MambaAlloc(tuple(slots)))
+        if slots:
+            self.engine.commit_events((MambaAlloc(tuple(slots)),))
         return None if slots is None else int64_tensor(slots)
 
     def free(self, free_index: Any) -> None:
         """Append slots (held ones) to the free list, in order.  Commits ``MambaFree``."""
         slots = int_list(free_index, "free_index", low=1, high=self.size)
         if slots:
-            self.engine.commit_event(MambaFree(tuple(slots)))
+            self.engine.commit_events((MambaFree(tuple(slots)),))
 
 
 class MambaPool:

@@ -169,7 +169,7 @@ class ReqToTokenPool(FrontEndMixin):
 
     def _commit(self, event: Event) -> None:
         # Every field was checked above (exact ints in range), so the event skips re-validation.
-        self.engine.commit_event(event)
+        self.engine.commit_events((event,))
 
 
 def _is_vector(value: Any) -> bool:

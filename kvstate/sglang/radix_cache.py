@@ -224,7 +224,7 @@ class RadixCache(RequestFlows, FrontEndMixin):
         if self.disable or node_id == ROOT:
             return 0
         before = self.engine.view.evictable_size
-        self.engine.commit_event(event_type(node_id))
+        self.engine.commit_events((event_type(node_id),))
         return int(self.engine.view.evictable_size - before)
 
     # -- sizes and reads -------------------------------------------------------------------

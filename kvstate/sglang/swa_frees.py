@@ -159,12 +159,7 @@ class SwaFreesMixin:
         return list(events)
 
     def _commit(self, events: list[Event]) -> None:
-        if len(events) == 1:
-            self.engine.commit_event(events[0])
-            return
-        with self.engine.batch() as batch:
-            for event in events:
-                batch.emit(event)
+        self.engine.commit_events(events)
 
 
 __all__ = ["SwaFreesMixin"]
