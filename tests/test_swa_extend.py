@@ -146,3 +146,44 @@ def test_a_prefill_chunk_is_one_allocate(page_size):
         assert sum(map(len, appended)) == len(tokens) - hit
         seen += 1
     assert seen >= 3
+
+
+def _chunked_by_hand(side: Any, tokens: list[int], ends: list[int], decided: bool) -> Any:
+    """Admit ``tokens`` with no hit and prefill them in chunks ending at ``ends``, through
+    ``alloc_for_extend`` (``decided``) or the separate calls; the request."""
+    from kvstate.sglang.hybrid_req import HybridReq
+
+    cache = side.cache
+    req = HybridReq(0, tokens)
+    req.prefix_len, req.last_node = 0, cache.root_node
+    req.kv.req_pool_idx = side.pool.alloc(1)[0]
+    start: int | None = 0
+    for end in ends:
+        if decided:
+            step = cache.alloc_for_extend(req, end, prefix_len=start)
+            assert step.stopped is None
+        else:
+            _separate_calls(cache, req, end, start)
+        req.kv.kv_allocated_len = req.kv.kv_committed_len = end
+        start = None
+    return req
+
+
+@pytest.mark.parametrize("ends", [[6, 11], [3, 4, 9, 10]])
+def test_a_chunk_that_starts_inside_a_page(ends):
+    """A chunk that continues the row's own partial page (a chunk size that is not a multiple
+    of the page): the same state as the separate calls, and still one ``Allocate`` appending
+    every new slot of the chunk to the row (the partial page's slots first)."""
+    ours, theirs = SwaSide("kvstate", "-", 4, 5), SwaSide("kvstate", "-", 4, 5)
+    tokens = list(range(1, ends[-1] + 1))
+    engine = ours.cache.engine
+    before = len(engine.events)
+    req = _chunked_by_hand(ours, tokens, ends, decided=True)
+    _chunked_by_hand(theirs, tokens, ends, decided=False)
+    assert _snapshot(ours) == _snapshot(theirs)
+    row = req.kv.req_pool_idx
+    appended = [slots for event in engine.events[before:] if type(event) is Allocate
+                for request, slots in event.items if request == row]
+    assert [len(slots) for slots in appended] == [b - a for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    assert [slot for slots in appended for slot in slots] == \
+        ours.pool.req_to_token[row, :ends[-1]].tolist()

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from kvstate.planner.hybrid_step import step_is_idle
+from kvstate.planner.hybrid_step import idle_bounds, step_is_idle
+from kvstate.planner.hybrid_vllm import plan_hybrid_allocate
+from kvstate.vllm import hybrid
 from kvstate.vllm.hybrid import HybridKVCacheManager
 from kvstate.vllm.hybrid_idle import IdleSteps
 from tools.bench_vllm import kvstate_api
@@ -64,11 +66,66 @@ def test_idle_fast_path_changes_nothing(layout: str, block_size: int, seed: int,
         return original(self, request, num_new_tokens, *args, **kwargs)
 
     monkeypatch.setattr(HybridKVCacheManager, "allocate_slots", checked)
+    monkeypatch.setattr(hybrid, "plan_hybrid_allocate", _changes_something)
+    monkeypatch.setattr(IdleSteps, "remember", _keeps_bounds)
+    _MISSES.clear()
     fast = _trace(config, ops)
+    assert _MISSES == []
     monkeypatch.setattr(HybridKVCacheManager, "allocate_slots", original)
+    monkeypatch.setattr(hybrid, "plan_hybrid_allocate", plan_hybrid_allocate)
+    monkeypatch.setattr(IdleSteps, "remember", _remember)
     monkeypatch.setattr(IdleSteps, "take", lambda *args: False)
     slow = _trace(config, ops)
     assert fast == slow
+
+
+# What the two checks below found: kept here, not raised, because the differential driver
+# turns an exception inside a call into that call's result.
+_MISSES: list[str] = []
+
+
+def _changes_something(b: Any, layout: Any, holders: Any, request: Any, cursors: Any,
+                       hits: Any, **kwargs: Any) -> Any:
+    """``plan_hybrid_allocate``, checking that a plain step (no hits, no full-sequence check)
+    that the fast path sent here changes something: the idle answers are exact, not only safe
+    (a step past a request's idle bounds, or one ``step_is_idle`` calls busy, is never idle)."""
+    seq = b.state.seq
+    new_pages, new_cursors, fresh = plan_hybrid_allocate(b, layout, holders, request, cursors,
+                                                         hits, **kwargs)
+    if hits is None and kwargs["full_tokens"] is None and b.state.seq == seq and \
+            tuple(new_cursors) == tuple(cursors) and not fresh and new_pages is not None and \
+            not any(new_pages):
+        _MISSES.append(f"an idle step of {request.request_id} decided in full")
+    return new_pages, new_cursors, fresh
+
+
+_remember = IdleSteps.remember
+
+
+def _keeps_bounds(self: IdleSteps, state: Any, holders: Any, request: Any, cursors: Any,
+                  cache_upto: int, remove_upto: int) -> None:
+    """``IdleSteps.remember``, checking that the planner found bounds: in these runs every
+    request has bounds after every step decided in full (a tracked table, a prompt state
+    still cached, a window's nulls in one prefix), so no later idle step needs
+    ``step_is_idle``."""
+    if idle_bounds(state, self.layout, holders, request, cursors, cache_upto,
+                   remove_upto) is None:
+        _MISSES.append(f"no idle bounds for {request.request_id}")
+    _remember(self, state, holders, request, cursors, cache_upto, remove_upto)
+
+
+def test_every_plain_step_decided_in_full_changes_something(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no idle bounds kept, ``step_is_idle`` answers every plain step: each step it calls
+    busy must change something (and, as above, nothing changes with the fast path off)."""
+    monkeypatch.setattr(hybrid, "plan_hybrid_allocate", _changes_something)
+    monkeypatch.setattr(IdleSteps, "take", lambda *args: None)
+    monkeypatch.setattr(IdleSteps, "remember", lambda *args: None)
+    _MISSES.clear()
+    for layout, block_size, seed in CASES:
+        config = make_config(seed, layout, block_size)
+        _trace(config, make_ops(seed, 150, block_size, config["num_blocks"]))
+    assert _MISSES == []
 
 
 def _decode_run(kind: str) -> tuple[list[Any], int]:
@@ -116,8 +173,13 @@ def _decode_run(kind: str) -> tuple[list[Any], int]:
 
 @pytest.mark.parametrize("kind", ["full+swa", "full+mamba", "full+swa+mamba"])
 def test_idle_fast_path_on_long_decodes(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hybrid, "plan_hybrid_allocate", _changes_something)
+    monkeypatch.setattr(IdleSteps, "remember", _keeps_bounds)
+    _MISSES.clear()
     fast, taken = _decode_run(kind)
-    assert taken > 200
+    assert taken > 200 and _MISSES == []
+    monkeypatch.setattr(hybrid, "plan_hybrid_allocate", plan_hybrid_allocate)
+    monkeypatch.setattr(IdleSteps, "remember", _remember)
     monkeypatch.setattr(IdleSteps, "take", lambda *args: False)
     slow, none = _decode_run(kind)
     assert none == 0

@@ -13,7 +13,9 @@ beside other work.  ``--report`` only re-reads a finished run.
 The focused selection (``TESTS``) is the fast part of the suite that checks
 rules and planner semantics: both backends' rejections, the spec findings,
 the front ends' scenarios (SGLang, vLLM, the seed-002 manager's planner),
-the incremental checker, the policies, the host-tier planner and its
+the single-group vLLM manager's refusals, idle shortcut and KV events, the
+seed-002 manager and examples, the SGLang front ends' frees, writes and
+tables, the incremental checker, the policies, the host-tier planner and its
 stateful machine, the hybrid (SWA and Mamba) rules, examples and random runs
 against the spec model, vLLM's hybrid coordinator (its scenarios, call forms
 and idle fast path), the planner's pinned choices, the recorded peer
@@ -61,6 +63,7 @@ TESTS = (  # fast ones first: a mutant stops at its first failing test (-x)
     "tests/test_swa_examples.py",
     "tests/test_mamba_examples.py",
     "tests/test_swa_decode.py",
+    "tests/test_swa_decode_planner.py",
     "tests/test_swa_extend.py",
     "tests/test_swa_runs.py::test_backends_model_and_checks_agree",
     "tests/test_mamba_runs.py::test_backends_model_and_checks_agree",
@@ -69,6 +72,21 @@ TESTS = (  # fast ones first: a mutant stops at its first failing test (-x)
     "tests/test_vllm_hybrid_api.py",
     "tests/test_vllm_hybrid_idle.py",
     "tests/test_vllm_planner.py",
+    # the single-group vLLM manager (sliding window included), its refusals, idle shortcut
+    # and KV events; the seed-002 manager; the SGLang front ends' frees, writes and tables
+    "tests/test_vllm_manager.py",
+    "tests/test_vllm_rejects.py",
+    "tests/test_vllm_fast_paths.py",
+    "tests/test_vllm_kv_events.py",
+    "tests/test_vllm_hashing.py",
+    "tests/test_simulate_vllm.py",
+    "tests/test_kv_manager.py",
+    "tests/test_kv_manager_example.py",
+    "tests/test_seed_examples.py",
+    "tests/test_sglang_frees.py",
+    "tests/test_sglang_hardening.py",
+    "tests/test_sglang_write.py",
+    "tests/test_sglang_table.py",
     "tests/test_mamba_front_end.py",
     "tests/test_policy_check.py::test_builtin_priorities_and_the_loader_in_one_fast_pass",
     "tests/test_host_tier.py",  # the tiered planner's scenarios and its stateful machine

@@ -73,16 +73,19 @@ class GroupCursor(msgspec.Struct, frozen=True, gc=False):
 
     ``cached``: ``num_cached_block`` (+ tree memo), None while vLLM does not
     track the request (then it is not "running" for that group).  Mamba
-    only: ``last_state`` (``last_state_block_idx``), ``retired``
-    (``_num_retired_blocks``), ``allocated`` (in ``_allocated_block_reqs``).
+    only: ``retired`` (``_num_retired_blocks``).  vLLM also keeps
+    ``last_state_block_idx`` to free the state block of two steps back; that block
+    always lies below ``retired`` once the step's retirement ran, where every entry
+    is already null, so the free never happens and kvstate keeps no such counter
+    (``kvstate.planner.hybrid_vllm._mamba_remove``).  Nor does it keep
+    ``_allocated_block_reqs``: without speculative blocks and prefill checkpoints
+    (not modelled), that set only decides ``last_state_block_idx``.
     An immutable msgspec struct: a decision makes several, and a struct is built in C (it
     holds a ``Running`` and ints, never a cycle, so the collector need not track it).
     """
 
     cached: Running | None = None
-    last_state: int | None = None
     retired: int = 0
-    allocated: bool = False
 
 
 CACHED = attrgetter("cached")  # a cursor's ``cached`` (C-level, for ``map`` over the groups)

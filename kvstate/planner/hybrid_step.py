@@ -98,14 +98,10 @@ def step_is_idle(state: Any, layout: HybridLayout, holders: Sequence[str],
         length = len(table)
         kind = rule.kind
         if kind == MAMBA:
-            if -(-main_tokens // size) > length or not cursor.allocated:
-                return False  # a new state block, or the group starts tracking the request
+            if -(-main_tokens // size) > length:
+                return False  # a new state block
             if remove_upto > 1 and cursor.retired < min((remove_upto - 1) // size, length):
                 return False  # states to retire
-            state_index = cursor.last_state
-            if state_index is not None and state_index < -(-remove_upto // size) - 1 and \
-                    table[state_index] != NULL:
-                return False  # the state of two steps back is freed
             if 0 <= prompt_state < length and table[prompt_state] != NULL and \
                     table[prompt_state] not in state.page_node:
                 return False  # the prompt's state lost its cache entry: cached again
@@ -172,17 +168,9 @@ def idle_bounds(state: Any, layout: HybridLayout, holders: Sequence[str],
         table = record.pages
         length = len(table)
         if rule.kind == MAMBA:
-            if not cursor.allocated:
-                return None
             main_hi = min(main_hi, length * size)
             if cursor.retired < length:  # states past ``retired`` would be retired
                 remove_hi = min(remove_hi, (cursor.retired + 1) * size)
-            index = cursor.last_state
-            if index is not None:
-                if not 0 <= index < length:
-                    return None
-                if table[index] != NULL:  # freed once two steps past it
-                    remove_hi = min(remove_hi, (index + 1) * size)
             continue
         need_hi = min(need_hi, length * size)
         if rule.kind == SWA:

@@ -100,16 +100,12 @@ def plan_hybrid_allocate(b: Builder, layout: HybridLayout, holders: Sequence[str
         cursors = _hold_hits(b, layout, holders, cursors, hits, num_local, size)
     required = -(-need_slots // size)
     new_pages: list[tuple[int, ...]] = []
-    grown: list[GroupCursor] | None = None
     for group, rule in enumerate(rules):
         holder = holders[group]
         record = b.state.requests.get(holder)
         length = 0 if record is None else len(record.pages)
         if rule.kind == MAMBA:
-            pages, cursor = _mamba_new_blocks(b, holder, cursors[group], main_tokens, length)
-            if cursor is not cursors[group]:
-                grown = grown or list(cursors)
-                grown[group] = cursor
+            pages = _mamba_new_blocks(b, holder, main_tokens, length)
         elif required > length:
             if record is None:
                 b.emit(ReqAlloc((holder,)))
@@ -117,8 +113,6 @@ def plan_hybrid_allocate(b: Builder, layout: HybridLayout, holders: Sequence[str
         else:
             pages = ()
         new_pages.append(pages)
-    if grown is not None:
-        cursors = tuple(grown)
     added: tuple[tuple[int, bytes], ...] = ()
     if layout.caching:
         cursors, added = plan_hybrid_cache(b, layout, holders, request, cursors, cache_upto)
@@ -148,28 +142,24 @@ def _hold_hits(b: Builder, layout: HybridLayout, holders: Sequence[str], cursors
             if pages[-1] != NULL:
                 last = page_node[pages[-1]]
         cursor = cursors[group]
-        touched.append(GroupCursor(Running(len(pages), last), cursor.last_state, cursor.retired,
-                                   cursor.allocated))
+        touched.append(GroupCursor(Running(len(pages), last), cursor.retired))
     return tuple(touched)
 
 
-def _mamba_new_blocks(b: Builder, holder: str, cursor: GroupCursor, main_tokens: int,
-                      length: int) -> tuple[tuple[int, ...], GroupCursor]:
+def _mamba_new_blocks(b: Builder, holder: str, main_tokens: int,
+                      length: int) -> tuple[int, ...]:
     """Mamba "align": the table (``length`` entries) covers the tokens with nulls and one
-    running-state block at the end; the previous state block is remembered so the next step
-    frees it."""
+    running-state block at the end (the previous one is retired by a later step's
+    ``_mamba_remove``)."""
     required = cdiv(main_tokens, b.state.geometry.page_size)
     if required <= length:
-        if cursor.allocated:
-            return (), cursor
-        return (), GroupCursor(cursor.cached, cursor.last_state, cursor.retired, True)
-    last_state = length - 1 if cursor.allocated or length else cursor.last_state
+        return ()
     pads = (NULL,) * max(0, required - 1 - length)
     _open(b, holder)
     if pads:
         b.emit(BlockHold(holder, pads))
     pages = plan_get_new_blocks(b, holder, required - length - len(pads))
-    return (*pads, *pages), GroupCursor(cursor.cached, last_state, cursor.retired, True)
+    return (*pads, *pages)
 
 
 def plan_hybrid_remove_skipped(b: Builder, layout: HybridLayout, holders: Sequence[str],
@@ -208,12 +198,10 @@ def _mamba_remove(b: Builder, holder: str, cursor: GroupCursor, num_computed: in
         pages = [table[index] for index in range(last - 1, cursor.retired - 1, -1)
                  if table[index] != NULL]
         plan_free_blocks(b, holder, pages, caching=caching)
-        cursor = GroupCursor(cursor.cached, cursor.last_state, last, cursor.allocated)
-    state_index = cursor.last_state
-    if state_index is not None and state_index < cdiv(num_computed, size) - 1:
-        page = b.state.requests[holder].pages[state_index]
-        if page != NULL:
-            plan_free_blocks(b, holder, (page,), caching=caching)
+        cursor = GroupCursor(cursor.cached, last)
+    # vLLM then frees the state block of two steps back (``last_state_block_idx``) when it
+    # lies below ``cdiv(num_computed, size) - 1``, which is ``last``: every entry below
+    # ``last`` (and below ``retired``) is null by now, so that free never happens.
     return cursor
 
 
@@ -267,8 +255,7 @@ def _cache_group(b: Builder, layout: HybridLayout, group: int, holder: str,
         hashes = request.block_hashes
         fresh.extend((group, hashes[num_cached + index])
                      for index, page in enumerate(pages) if page != NULL)
-    return GroupCursor(Running(num_full, last), cursor.last_state, cursor.retired,
-                       cursor.allocated)
+    return GroupCursor(Running(num_full, last), cursor.retired)
 
 
 def _recache_prompt_state(b: Builder, group: int, holder: str, request: GroupedRequest,

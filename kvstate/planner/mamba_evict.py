@@ -30,6 +30,7 @@ from kvstate.events import Evict, MambaEvict, SwaEvict
 from kvstate.planner.builder import Builder
 from kvstate.planner.evict import is_mapped
 from kvstate.planner.mamba_match import state_of
+from kvstate.planner.swa_evict import available as available_tokens
 from kvstate.planner.swa_evict import full_walk, swa_lru
 
 FULL, SWA, MAMBA = "full", "swa", "mamba"
@@ -52,8 +53,7 @@ def available(state: Any, component: str) -> int:
     """Free room of a pool: tokens for FULL and SWA, slots for MAMBA."""
     if component == MAMBA:
         return len(state.mamba.free_slots)
-    queue = state.free_pages if component == FULL else state.swa.free_pages
-    return len(queue) * state.geometry.page_size
+    return available_tokens(state, component)
 
 
 class _Walk:

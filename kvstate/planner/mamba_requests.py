@@ -28,14 +28,14 @@ from typing import Any
 
 import attrs
 
-from kvstate.events import Assign, MambaCopy, MambaDonate, MambaFree, ReqFree, SwaFree
+from kvstate.events import MambaCopy, MambaDonate, MambaFree, ReqFree, SwaFree
 from kvstate.planner.builder import Builder
 from kvstate.planner.mamba_insert import MambaInserted, MambaInsertSpec, plan_mamba_insert
 from kvstate.planner.mamba_match import NO_LOCK, MambaReceipt, plan_mamba_lock, plan_mamba_unlock
 from kvstate.planner.mamba_slots import plan_free_row_slots, plan_slot_or_evict
 from kvstate.planner.swa_insert import free_full, pages_of
 from kvstate.planner.swa_match import path_slots
-from kvstate.planner.swa_requests import HybridCursor, plan_free_row
+from kvstate.planner.swa_requests import HybridCursor, plan_free_row, rewrite_row
 from kvstate.state import RequestId
 
 
@@ -163,20 +163,6 @@ def plan_mamba_checkpoint(b: Builder, cursor: MambaCursor, token_ids: Sequence[i
         b.emit(MambaFree((slot,)))
     cursor = attrs.evolve(cursor, last_track_seqlen=None, prev_track_seqlen=None)
     return Checkpointed(cursor, inserted, False)
-
-
-def rewrite_row(b: Builder, request: RequestId, start: int, slots: tuple[int, ...]) -> None:
-    """Point ``row[start:len(slots)]`` at the tree's slots (``Assign``; nothing when the row
-    maps them already and none was freed under it)."""
-    if len(slots) <= start:
-        return
-    record = b.state.requests[request]
-    size = b.state.geometry.page_size
-    first, last = start // size, (len(slots) - 1) // size
-    wanted = tuple(slots[index * size] // size for index in range(first, last + 1))
-    dangling = any(first <= index <= last for index in record.dangling)
-    if tuple(record.pages[first:last + 1]) != wanted or dangling:
-        b.emit(Assign(request, start, slots[start:]))
 
 
 def plan_free_kv_row(b: Builder, cursor: MambaCursor, start: int, stop: int, *,

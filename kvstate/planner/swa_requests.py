@@ -102,7 +102,7 @@ def plan_hybrid_checkpoint(b: Builder, cursor: HybridCursor, token_ids: Sequence
     spec = InsertSpec(window, cursor.protected_len, cursor.evicted, branch, at_head)
     result = plan_unified_insert(b, tokens[:length], row, request, spec)
     slots = path_slots(b.state, result.last_node)
-    _rewrite_row(b, request, cursor.protected_len, slots)
+    rewrite_row(b, request, cursor.protected_len, slots)
     plan_unified_unlock(b, cursor.lock)
     receipt = plan_unified_lock(b, result.last_node, window=window)
     cursor = attrs.evolve(cursor, protected_len=len(slots), lock=receipt)
@@ -115,9 +115,10 @@ def plan_hybrid_checkpoint(b: Builder, cursor: HybridCursor, token_ids: Sequence
     return cursor, result
 
 
-def _rewrite_row(b: Builder, request: RequestId, start: int, slots: tuple[int, ...]) -> None:
-    """Point ``row[start:len(slots)]`` at the tree's slots (``Assign``; nothing when the
-    row already maps them and none of them was freed under it)."""
+def rewrite_row(b: Builder, request: RequestId, start: int, slots: tuple[int, ...]) -> None:
+    """Point ``row[start:len(slots)]`` at the tree's slots after a checkpoint's insert (the
+    SWA and the Mamba checkpoints): ``Assign``, or nothing when the row already maps them and
+    none of them was freed under it."""
     if len(slots) <= start:
         return
     record = b.state.requests[request]
