@@ -334,3 +334,34 @@ def test_a_reservation_may_take_every_free_page():
     state = initial_state(Geometry(num_pages=6, row_width=6))
     assert run(state, plan_reserve, "a", LAYERS, 6, 0)[0] is True
     assert run(state, plan_reserve, "a", LAYERS, 7, 0)[:2] == (False, ())
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_checkpoint_rewrites_the_row_only_where_the_tree_kept_other_pages(page_size):
+    """``rewrite_row``: a request that checkpoints a prompt new to the tree keeps its row as it
+    is (no ``Assign``); one whose prompt another request cached first frees its copies and
+    points its row at the tree's pages (one ``Assign`` of the tree's slots)."""
+    from kvstate.sglang.hybrid_req import HybridReq
+    from kvstate.sglang.hybrid_scheduler import admit, prefill_done
+    from tools.hybrid_sides import Side
+
+    side = Side("kvstate", "-", page_size, 4 * page_size)
+    engine, pool = side.cache.engine, side.pool
+    prompt = list(range(1, 4 * page_size + 2))
+    first, second = HybridReq(0, prompt), HybridReq(1, prompt)
+    admit(side.cache, first)
+    admit(side.cache, second)  # admitted before the first one cached anything: no hit
+    rows = [int(req.kv.req_pool_idx) for req in (first, second)]
+    before = [pool.req_to_token[row, :len(prompt)].tolist() for row in rows]
+    start = len(engine.events)
+    prefill_done(side.cache, first, 7)
+    assert not [e for e in engine.events[start:] if type(e) is ev.Assign]
+    assert pool.req_to_token[rows[0], :len(prompt)].tolist() == before[0]
+    start = len(engine.events)
+    prefill_done(side.cache, second, 7)
+    cached = len(prompt) // page_size * page_size
+    assigns = [e for e in engine.events[start:] if type(e) is ev.Assign]
+    assert [(e.request, e.start, e.slots) for e in assigns] == \
+        [(rows[1], 0, tuple(before[0][:cached]))]
+    assert pool.req_to_token[rows[1], :cached].tolist() == before[0][:cached]
+    assert check(engine.state) == []
