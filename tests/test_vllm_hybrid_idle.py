@@ -156,6 +156,13 @@ def _decode_run(kind: str) -> tuple[list[Any], int]:
         if new is not None:
             request.num_computed_tokens = hit + first
             live.append(request)
+            if index % 3 == 1:
+                # the last group's block at the prompt's last state leaves the cache (a Mamba
+                # group caches that state again at its next step)
+                last = manager.get_block_ids(request.request_id)[-1]
+                position = (request.num_prompt_tokens - 1) // manager.block_size - 1
+                if 0 <= position < len(last) and last[position]:
+                    manager.evict_blocks({last[position]})
         for step, running in enumerate(live):
             running.append_output_token_ids(index + step)
             new = manager.allocate_slots(running, 1, num_lookahead_tokens=step % 3)
