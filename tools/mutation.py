@@ -24,7 +24,7 @@ SGLang's and vLLM's), and six pinned explorer scopes (spec model on every
 candidate event: radix P = 1 and 2, rows, block, paged block, host).
 mutmut runs, per mutant, only the selected tests that reach the mutated
 function, fastest first.  ``--only rules`` or
-``--only planner`` mutates one package (the two take about 1 and 3 hours
+``--only planner`` mutates one package (the two take about 1 and 3 to 4 hours
 of CPU on the 2-core machine).
 """
 
