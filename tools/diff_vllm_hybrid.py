@@ -135,11 +135,33 @@ def directed_jobs() -> list[dict[str, Any]]:
             groups: list[list[Any]] = [["full"]]
             groups += [["swa", 8], ["swa", 8]] if "swa" in layout else []
             groups += [["mamba"]] if "mamba" in layout else []
-            jobs.append({"config": {"seed": 0, "layout": f"directed {layout}", "block_size": 4,
-                                    "groups": groups, "num_blocks": 40, "max_model_len": 256,
-                                    "max_in_flight_tokens": 256, "retention": retention,
-                                    "caching": True}, "ops": ops})
+            config = {"seed": 0, "layout": f"directed {layout}", "block_size": 4,
+                      "groups": groups, "num_blocks": 40, "max_model_len": 256,
+                      "max_in_flight_tokens": 256, "retention": retention, "caching": True}
+            jobs.append({"config": config, "ops": ops})
+            jobs.append({"config": dict(config, layout=f"directed full pool {layout}"),
+                         "ops": _near_full_pool(prompt)})
     return jobs
+
+
+def _near_full_pool(prompt: list[int]) -> list[Op]:
+    """Admissions at the edge of the pool: for fillers of 0 to 156 tokens held throughout, a
+    20-token prompt is prefilled and freed (its blocks cached but free), then a request that
+    extends it is checked for the whole sequence: its hit, the windows' skipped blocks and the
+    hit's free cached blocks decide whether it fits."""
+    ops: list[Op] = []
+    for filler in range(0, 160, 4):
+        fill, first, extend = f"F{filler}", f"P{filler}", f"Q{filler}"
+        if filler:
+            ops.extend([["new", fill, [1000 + filler] * filler, None],
+                        ["run", fill, 1 << 20, 1, 0, True]])
+        ops.extend([["step"], ["new", first, prompt, None], ["run", first, 1 << 20, 900, 0, True],
+                    ["free", first], ["step"],
+                    ["new", extend, prompt + [filler, filler + 1, 7], None],
+                    ["run", extend, 1 << 20, 2, 0, True], ["step"], ["free", extend]])
+        if filler:
+            ops.append(["free", fill])
+    return ops
 
 
 # -- driving one implementation (shared by both sides) -----------------------------------------
