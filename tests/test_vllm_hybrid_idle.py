@@ -6,7 +6,9 @@ decodes with lookahead, preemptions, ``evict_blocks``, ``reset_prefix_cache``) r
 kvstate: once as shipped, once with the fast path off (every plain step then decided in
 full by the planner, without ``step_is_idle`` either).  Every call's result, the free
 queue, ``ref_cnt``, the tables and the KV events (and their bytes) must be the same; and
-every step the fast path takes must be one ``step_is_idle`` calls idle.
+every step the fast path takes must be one ``step_is_idle`` calls idle.  The idle answers
+are also held to be exact on these runs: a plain step sent to the planner must change
+something, and every step decided in full must leave bounds for the next.
 """
 
 from __future__ import annotations

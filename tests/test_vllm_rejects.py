@@ -84,6 +84,26 @@ def test_bad_new_computed_blocks_leave_no_trace(case: str) -> None:
     assert check(manager.engine.view) == []
 
 
+@pytest.mark.parametrize("bad", [object(), "junk", [[1]], (1, 2)])
+def test_hits_that_are_not_kv_cache_blocks_are_a_type_error(bad: Any) -> None:
+    """Both managers refuse, before anything is read or changed, hits that are not the
+    ``KVCacheBlocks`` of ``get_computed_blocks``."""
+    from tools.bench_vllm import kvstate_api
+
+    manager = KVCacheManager(10, BS, 64)
+    before = snapshot(manager)
+    with pytest.raises(TypeError, match="must be the KVCacheBlocks"):
+        manager.allocate_slots(Request("a", list(range(9)), BS), 9, 0, bad)
+    assert snapshot(manager) == before
+    api = kvstate_api(None)
+    hybrid = api["hybrid"](64, "full+swa+mamba")
+    fingerprint, seq = hybrid.engine.view.fingerprint(), hybrid.engine.seq
+    with pytest.raises(TypeError, match="must be the KVCacheBlocks"):
+        hybrid.allocate_slots(api["request"]("a", list(range(30))), 30, 0, bad)
+    assert (hybrid.engine.view.fingerprint(), hybrid.engine.seq) == (fingerprint, seq)
+    assert hybrid.cursors == {}
+
+
 @pytest.mark.parametrize("bad", [2**64, 2**63, -1])
 def test_token_ids_outside_int64_are_rejected_at_the_boundary(bad: int) -> None:
     with pytest.raises(ValueError, match="outside 0..2\\*\\*63-1"):

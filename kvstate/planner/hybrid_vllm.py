@@ -168,8 +168,8 @@ def plan_hybrid_remove_skipped(b: Builder, layout: HybridLayout, holders: Sequen
 
     Sliding window: the blocks before the window (``BlockRelease``, highest
     index first, stopping at the first null).  Mamba: every state block below
-    ``num_computed - 1`` not retired yet (nulls skipped), then the state block
-    of two steps back.  Freed entries become null.
+    ``num_computed - 1`` not retired yet (nulls skipped; the state of two steps
+    back is among them).  Freed entries become null.
     """
     out: list[GroupCursor] | None = None
     for group, rule in enumerate(layout.rules):

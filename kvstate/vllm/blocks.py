@@ -29,4 +29,13 @@ class KVCacheBlocks:
         return KVCacheBlocks(tuple(a + b for a, b in zip(self.blocks, other.blocks, strict=True)))
 
 
+def checked_blocks(value: object) -> KVCacheBlocks:
+    """``value`` if it is a ``KVCacheBlocks`` (hits handed back to ``allocate_slots``), else a
+    ``TypeError`` before anything is read or changed."""
+    if not isinstance(value, KVCacheBlocks):
+        raise TypeError("new_computed_blocks must be the KVCacheBlocks that get_computed_blocks "
+                        f"returned, got {type(value).__name__}")
+    return value
+
+
 EMPTY_BLOCKS = KVCacheBlocks(((),))  # the one-group manager's empty result (vLLM's is per manager)

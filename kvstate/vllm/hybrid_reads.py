@@ -16,7 +16,7 @@ from typing import Any
 from kvstate.planner.hybrid_hits import GroupCursor, HybridLayout, group_holders, longest_hit
 from kvstate.planner.hybrid_step import blocks_needed
 from kvstate.vllm.block_pool import KVCacheBlock
-from kvstate.vllm.blocks import KVCacheBlocks
+from kvstate.vllm.blocks import KVCacheBlocks, checked_blocks
 from kvstate.vllm.manager import KVCacheManager
 from kvstate.vllm.request import Request
 from kvstate.vllm.scheduling import mamba_aligned_chunk
@@ -109,6 +109,7 @@ class HybridReads(KVCacheManager):
                                    max_prefill_tokens=max_prefill_tokens)
 
     def _hit_ids(self, blocks: KVCacheBlocks) -> tuple[tuple[int, ...], ...]:
+        checked_blocks(blocks)
         if len(blocks.blocks) != self.num_kv_cache_groups:
             raise ValueError(f"hits for {len(blocks.blocks)} groups, the manager has "
                              f"{self.num_kv_cache_groups}")

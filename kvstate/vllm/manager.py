@@ -38,7 +38,7 @@ from kvstate.planner.block import (
 )
 from kvstate.planner.block_hits import Running, blocks_to_allocate, cached_prefix
 from kvstate.vllm.block_pool import BlockPool, KVCacheBlock
-from kvstate.vllm.blocks import EMPTY_BLOCKS, KVCacheBlocks
+from kvstate.vllm.blocks import EMPTY_BLOCKS, KVCacheBlocks, checked_blocks
 from kvstate.vllm.call_batch import CallBatch
 from kvstate.vllm.hashing import HashAlgo
 from kvstate.vllm.kv_cache_interface import KVCacheConfig
@@ -227,7 +227,8 @@ class KVCacheManager:
         request_id = request.request_id
         hits: list[int] | None = None
         if new_computed_blocks is not None and new_computed_blocks is not EMPTY_BLOCKS:
-            hits = self.block_pool.ids_of(new_computed_blocks.blocks[0], keep_null=True)
+            hits = self.block_pool.ids_of(checked_blocks(new_computed_blocks).blocks[0],
+                                          keep_null=True)
         running = self.running.get(request_id)
         num_local = check_allocation(request, num_new_tokens, num_new_computed_tokens,
                                      num_lookahead_tokens, len(hits or ()), self.block_size,
