@@ -194,7 +194,8 @@ class Engine:
         and the events since it are known) and otherwise refuses further use
         (``EngineBroken``).
         """
-        self._check_can_open()
+        if self._broken is not None or self._batch is not None:
+            self._check_can_open()
         return Batch(self)
 
     def _check_can_open(self) -> None:
@@ -354,13 +355,17 @@ class Batch:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._start: tuple[State, int, int | None] | None = None
-        self.state: Any = engine.view
+        # (the engine's fields, not its properties: a batch opens once per front-end call)
+        live = engine._live
+        self.state: Any = live if live is not None else engine._current
         self.emit: Callable[[Event], None] = (
-            engine.emit if engine.backend == "live" else self._emit_and_refresh)
+            engine.emit if live is not None else self._emit_and_refresh)
 
     def __enter__(self) -> Batch:
-        self._start = self.engine._open_batch()
-        self.state = self.engine.view
+        engine = self.engine
+        self._start = engine._open_batch()
+        live = engine._live
+        self.state = live if live is not None else engine._current
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,

@@ -146,6 +146,10 @@ class FreeQueue:
             new_keys = keys.finish()
         return attrs.evolve(self, front=front, keys=new_keys, head_key=key)
 
+    def take_head(self, items: Sequence[int]) -> FreeQueue:
+        """Remove ``items``, which are the queue's head (``head(len(items))``)."""
+        return self.take(items)
+
     def take(self, items: Iterable[int]) -> FreeQueue:
         """Remove ``items`` (each must be queued) and drop dead entries at the head."""
         lo, hi, desc = self.lo, self.hi, self.desc
@@ -181,7 +185,7 @@ class FreeQueue:
             key, item, cell = cell
             if keys.get(item) == key:
                 front_items.append(item)
-        live.front.update(dict.fromkeys(front_items))
+        live.front.update(dict.fromkeys(reversed(front_items)))
         back_items = []
         cell = self.back
         while cell is not None:
@@ -223,16 +227,19 @@ def _refill(back: Cons, keys: Map[int, int]) -> Cons:
 class LiveQueue:
     """Mutable free queue (same order and operations as ``FreeQueue``, in place).
 
-    ``front`` and ``back`` are ``OrderedDict``s in queue order: every push,
-    removal and head read is O(1) per item, as vLLM's linked free list is.
-    Every operation returns ``self`` so rule code reads the same on both
-    representations.  Owned by one ``LiveState``.
+    ``front`` and ``back`` are ``OrderedDict``s: every push, removal and head
+    read is O(1) per item, as vLLM's linked free list is.  ``front`` keeps the
+    head-pushed items with the queue's head *last*, so a push at the head is
+    one insertion and taking the head is one ``popitem`` (no ``move_to_end``);
+    ``back`` keeps the tail-pushed items in queue order.  Every operation
+    returns ``self`` so rule code reads the same on both representations.
+    Owned by one ``LiveState``.
     """
 
     __slots__ = ("front", "lo", "hi", "desc", "holes", "back")
 
     def __init__(self, lo: int = 0, hi: int = 0, *, desc: bool = False) -> None:
-        self.front: OrderedDict[int, None] = OrderedDict()
+        self.front: OrderedDict[int, None] = OrderedDict()  # head-pushed items, head last
         self.lo = lo
         self.hi = max(hi, lo)
         self.desc = desc
@@ -248,7 +255,7 @@ class LiveQueue:
         return isinstance(item, int) and self.lo <= item < self.hi and item not in self.holes
 
     def __iter__(self) -> Iterator[int]:
-        yield from self.front
+        yield from reversed(self.front)
         holes = self.holes
         for item in _range(self.lo, self.hi, self.desc):
             if item not in holes:
@@ -260,8 +267,8 @@ class LiveQueue:
             return []
         front = self.front
         if len(front) >= count:
-            return list(islice(front, count))
-        out = list(front)
+            return list(islice(reversed(front), count))
+        out = list(reversed(front))
         lo, hi, holes = self.lo, self.hi, self.holes
         if not holes and not self.desc:  # the usual case: the range is contiguous
             out.extend(range(lo, min(hi, lo + count - len(out))))
@@ -297,11 +304,21 @@ class LiveQueue:
         return self
 
     def push_head(self, items: Sequence[int]) -> LiveQueue:
+        """Prepend ``items`` (``items[0]`` becomes the head; the caller guarantees none is
+        queued, as for ``push_tail``)."""
         front = self.front
-        to_front = front.move_to_end
         for item in reversed(items):
             front[item] = None
-            to_front(item, last=False)
+        return self
+
+    def take_head(self, items: Sequence[int]) -> LiveQueue:
+        """Remove ``items``, which are the queue's head (``head(len(items))``): ``take``
+        without asking where each one sits."""
+        front = self.front
+        if len(front) < len(items):
+            return self.take(items)
+        for item in items:
+            del front[item]
         return self
 
     def take(self, items: Iterable[int]) -> LiveQueue:
@@ -328,7 +345,7 @@ class LiveQueue:
         queue = FreeQueue.from_range(self.lo, self.hi, desc=self.desc)
         queue = attrs.evolve(queue, holes=Map(self.holes))
         if self.front:
-            queue = queue.push_head(list(self.front))
+            queue = queue.push_head(list(reversed(self.front)))
         if self.back:
             queue = queue.push_tail(self.back)
         return queue

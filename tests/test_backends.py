@@ -81,7 +81,7 @@ def test_public_apply_validates_fields():
     assert apply(state, ev.Allocate([1, 2])).holders[1] == (0,)  # lists are normalised
 
 
-@given(st.lists(st.tuples(st.sampled_from(["head", "tail", "take"]),
+@given(st.lists(st.tuples(st.sampled_from(["head", "tail", "take", "take_head"]),
                           st.lists(st.integers(1, 40), max_size=4)), max_size=40),
        st.booleans())
 def test_free_queues_agree(operations, desc):
@@ -93,6 +93,9 @@ def test_free_queues_agree(operations, desc):
         if kind == "take":
             items = [i for i in items if i in frozen]
             frozen, live = frozen.take(items), live.take(items)
+        elif kind == "take_head":  # the head, as many items as were drawn
+            items = frozen.head(len(items))
+            frozen, live = frozen.take_head(items), live.take_head(items)
         else:
             items = [i for i in items if i not in frozen]
             if kind == "head":

@@ -438,3 +438,31 @@ def test_insert_names_each_broken_precondition_exactly():
         (plain, Insert(7, (9,), (6,), 2, 2, 6), "unknown tree node 7"),
     ]:
         rejects_exactly(state, event, message)
+
+
+def test_the_rule_tables_follow_a_rule_swapped_in_and_back(monkeypatch):
+    """Each backend finds a rule in its mode's table (``rules_for``); a rule swapped into
+    ``RULES`` (as the canaries do) must reach states built before the swap, on both
+    backends, and the original must come back when the swap is undone."""
+    from kvstate.backends.live import LiveState
+    from kvstate.rules import RULES
+    from kvstate.rules.registry import rules_for
+
+    original = RULES[Allocate]
+    calls = []
+
+    def counting(s, event):
+        calls.append(event)
+        original(s, event)
+
+    state = base()
+    live = LiveState.thaw(state)
+    with monkeypatch.context() as patch:
+        patch.setitem(RULES, Allocate, counting)
+        assert rules_for("radix")[Allocate] is counting and Allocate not in rules_for("block")
+        live.apply(Allocate((8,)))
+        accepts(state, Allocate((8,)))
+    assert len(calls) == 3  # the live state above, and both backends in ``accepts``
+    assert rules_for("radix")[Allocate] is original
+    live.apply(Allocate((9,)))
+    assert len(calls) == 3

@@ -23,8 +23,8 @@ from kvstate.errors import InvalidEvent
 from kvstate.events import Event
 from kvstate.freequeue import LiveQueue
 from kvstate.records import MNode, MRequest, RequestId, freeze_node, freeze_request, thaw_request
-from kvstate.rules import RULE_MODES, RULES, Reject
-from kvstate.rules.registry import wrong_mode
+from kvstate.rules import Reject
+from kvstate.rules.registry import Rule, refusal, rules_for
 from kvstate.rules.store import Touched
 from kvstate.state import (
     Geometry,
@@ -131,7 +131,7 @@ class LiveState:
     __slots__ = ("geometry", "seq", "clock", "free_pages", "holders", "page_node", "free_rows",
                  "row_generation", "requests", "nodes", "next_node_id", "evictable_size",
                  "protected_size", "leaves", "tree_refs", "host", "swa", "mamba", "touched",
-                 "request_w", "node_w")
+                 "request_w", "node_w", "rules")
 
     geometry: Geometry
     seq: int
@@ -154,6 +154,7 @@ class LiveState:
     touched: Touched | None
     request_w: Callable[[RequestId], MRequest]  # the store's write access (see thaw)
     node_w: Callable[[int], MNode]
+    rules: dict[type[Event], Rule]  # the rules of this geometry's mode (``rules_for``)
 
     @classmethod
     def thaw(cls, state: State) -> LiveState:
@@ -184,6 +185,7 @@ class LiveState:
         # (the dicts are never replaced, so the bindings stay right).
         live.request_w = live.requests.__getitem__
         live.node_w = live.nodes.__getitem__
+        live.rules = rules_for(state.geometry.mode)
         return live
 
     @classmethod
@@ -219,11 +221,9 @@ class LiveState:
     # -- applying ---------------------------------------------------------------------
     def apply(self, event: Event) -> None:
         """Apply a well-typed event in place; ``InvalidEvent`` (nothing changed) if illegal."""
-        rule = RULES.get(type(event))
+        rule = self.rules.get(type(event))
         if rule is None:
-            raise InvalidEvent(event, self.seq, f"no rule for {type(event).__name__}")
-        if self.geometry.mode not in RULE_MODES[type(event)]:
-            raise InvalidEvent(event, self.seq, wrong_mode(type(event), self.geometry.mode))
+            raise InvalidEvent(event, self.seq, refusal(type(event), self.geometry.mode))
         try:
             rule(self, event)
         except Reject as exc:

@@ -18,8 +18,8 @@ from kvstate.errors import InvalidEvent
 from kvstate.events import Event, EventDecodeError, validated
 from kvstate.freequeue import FreeQueue
 from kvstate.records import MNode, MRequest, Request, RequestId, freeze_node, freeze_request, thaw_request
-from kvstate.rules import RULE_MODES, RULES, Reject
-from kvstate.rules.registry import wrong_mode
+from kvstate.rules import Reject
+from kvstate.rules.registry import refusal, rules_for
 from kvstate.rules.store import Touched
 from kvstate.state import (
     STATE_FIELDS,
@@ -270,11 +270,9 @@ def apply_valid(state: State, event: Event, touched: Touched | None = None) -> S
 
     Raises ``InvalidEvent`` (the state is untouched) when it is not legal here.
     """
-    rule = RULES.get(type(event))
+    rule = rules_for(state.geometry.mode).get(type(event))
     if rule is None:
-        raise InvalidEvent(event, state.seq, f"no rule for {type(event).__name__}")
-    if state.geometry.mode not in RULE_MODES[type(event)]:
-        raise InvalidEvent(event, state.seq, wrong_mode(type(event), state.geometry.mode))
+        raise InvalidEvent(event, state.seq, refusal(type(event), state.geometry.mode))
     txn = Transaction(state, touched)
     try:
         rule(txn, event)

@@ -69,7 +69,7 @@ def block_alloc(s: Any, event: BlockAlloc) -> None:
                          "uncache it before reuse")
     if is_request:
         _check_width(s, event.holder, len(pages))
-    s.free_pages = queue.take(pages)
+    s.free_pages = queue.take_head(pages)
     held = (event.holder,)
     holders = s.holders
     for page in pages:

@@ -23,6 +23,8 @@ evicted (``MambaEvict`` first).
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import contains
 from typing import Any
 
 from kvstate.events import Evict, Insert, Lock, Split, Touch, Unlock
@@ -30,7 +32,7 @@ from kvstate.records import HostNode, MNode, SwaNode
 from kvstate.rules.common import bump_counts, check_distinct, check_page_id, check_time
 from kvstate.rules.mamba_clauses import refuse_evict, refuse_unlock
 from kvstate.rules.registry import Reject, rule
-from kvstate.state import DETACHED, ROOT, expand_pages
+from kvstate.state import DETACHED, ROOT, expand_pages, pages_of
 
 
 def _node(s: Any, node_id: int) -> Any:
@@ -65,26 +67,35 @@ def insert(s: Any, event: Insert) -> None:
     child_key = s.geometry.child_key(key)
     if child_key in parent.children:
         raise Reject(f"node {event.parent} already has a child starting with {child_key!r}")
-    pages = [slot // size for slot in slots[::size]]
-    if expand_pages(pages, size) != tuple(slots):
+    pages = pages_of(slots, size)
+    if size > 1 and expand_pages(pages, size) != tuple(slots):  # (at size 1 pages are slots)
         raise Reject(f"slots {list(slots[:8])}... are not whole pages in order")
     check_distinct(pages, "page")
     holders, page_node, owner = s.holders, s.page_node, event.owner
-    for page in pages:
-        check_page_id(s, page)
-        if page in page_node:
-            raise Reject(f"page {page} is already in tree node {page_node[page]}")
-        if owner not in holders.get(page, ()):
-            raise Reject(f"page {page} is not held by owner {owner!r}")
+    # Every page checked in C first; the loop that names the first bad page runs only on a
+    # refusal (at page size 1 a page is a token, so these loops are the insert's cost).
+    held_list = list(map(holders.get, pages))
+    if (min(pages) < 1 or max(pages) > s.geometry.num_pages
+            or any(map(page_node.__contains__, pages))
+            or None in held_list or not all(map(contains, held_list, repeat(owner)))):
+        for page, held in zip(pages, held_list, strict=True):
+            check_page_id(s, page)
+            if page in page_node:
+                raise Reject(f"page {page} is already in tree node {page_node[page]}")
+            if held is None or owner not in held:
+                raise Reject(f"page {page} is not held by owner {owner!r}")
     swa = _inserted_swa(s, pages, event.time)
-    for page in pages:
-        held = holders[page]
-        rest = () if len(held) == 1 else tuple(h for h in held if h != owner)
-        if rest:
-            holders[page] = rest
-        else:  # the owner was the only holder (the usual case: no tuple to build)
+    if sum(map(len, held_list)) == len(pages):  # the owner was every page's only holder
+        for page in pages:
             del holders[page]
-        page_node[page] = event.node
+    else:
+        for page, held in zip(pages, held_list, strict=True):
+            rest = () if len(held) == 1 else tuple(h for h in held if h != owner)
+            if rest:
+                holders[page] = rest
+            else:
+                del holders[page]
+    page_node.update(dict.fromkeys(pages, event.node))
     s.add_node(event.node, MNode(event.parent, tuple(key), tuple(pages), s.new_children(), 0,
                                  event.time, swa=swa))
     if swa is not None and swa.live:
