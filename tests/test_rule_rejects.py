@@ -459,6 +459,7 @@ def test_the_rule_tables_follow_a_rule_swapped_in_and_back(monkeypatch):
     live = LiveState.thaw(state)
     with monkeypatch.context() as patch:
         patch.setitem(RULES, Allocate, counting)
+        assert RULES[Allocate] is counting
         assert rules_for("radix")[Allocate] is counting and Allocate not in rules_for("block")
         live.apply(Allocate((8,)))
         accepts(state, Allocate((8,)))
@@ -466,3 +467,27 @@ def test_the_rule_tables_follow_a_rule_swapped_in_and_back(monkeypatch):
     assert rules_for("radix")[Allocate] is original
     live.apply(Allocate((9,)))
     assert len(calls) == 3
+
+
+def test_a_rule_taken_out_of_rules_leaves_every_table(monkeypatch):
+    """Deleting a rule from ``RULES`` takes it out of its mode's table: both backends then
+    refuse the event as having no rule, and it comes back with the undo."""
+    from kvstate.backends.live import LiveState
+    from kvstate.rules import RULES
+    from kvstate.rules.registry import rules_for
+
+    state = base()
+    live = LiveState.thaw(state)
+    with monkeypatch.context() as patch:
+        patch.delitem(RULES, Allocate)
+        assert Allocate not in rules_for("radix")
+        rejects(state, Allocate((8,)), "no rule for Allocate")
+        with pytest.raises(InvalidEvent, match="no rule for Allocate"):
+            live.apply(Allocate((8,)))
+    live.apply(Allocate((8,)))
+    accepts(state, Allocate((8,)))
+
+
+def test_insert_names_a_repeated_page():
+    state = apply_all(base(), [Allocate((9,))])
+    rejects(state, Insert(0, (7, 8), (9, 9), 2, 2, 0), "duplicate page 9 in one event")

@@ -73,11 +73,11 @@ def insert(s: Any, event: Insert) -> None:
     check_distinct(pages, "page")
     holders, page_node, owner = s.holders, s.page_node, event.owner
     # Every page checked in C first; the loop that names the first bad page runs only on a
-    # refusal (at page size 1 a page is a token, so these loops are the insert's cost).
+    # refusal (at page size 1 a page is a token, so these loops are the insert's cost).  A
+    # page outside the pool has no holder, so the holder test also sends it to that loop.
     held_list = list(map(holders.get, pages))
-    if (min(pages) < 1 or max(pages) > s.geometry.num_pages
-            or any(map(page_node.__contains__, pages))
-            or None in held_list or not all(map(contains, held_list, repeat(owner)))):
+    if (None in held_list or not all(map(contains, held_list, repeat(owner)))
+            or any(map(page_node.__contains__, pages))):
         for page, held in zip(pages, held_list, strict=True):
             check_page_id(s, page)
             if page in page_node:
