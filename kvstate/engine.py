@@ -194,8 +194,7 @@ class Engine:
         and the events since it are known) and otherwise refuses further use
         (``EngineBroken``).
         """
-        if self._broken is not None or self._batch is not None:
-            self._check_can_open()
+        self._check_can_open()
         return Batch(self)
 
     def _check_can_open(self) -> None:

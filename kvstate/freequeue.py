@@ -230,10 +230,9 @@ class LiveQueue:
     ``front`` and ``back`` are ``OrderedDict``s: every push, removal and head
     read is O(1) per item, as vLLM's linked free list is.  ``front`` keeps the
     head-pushed items with the queue's head *last*, so a push at the head is
-    one insertion and taking the head is one ``popitem`` (no ``move_to_end``);
-    ``back`` keeps the tail-pushed items in queue order.  Every operation
-    returns ``self`` so rule code reads the same on both representations.
-    Owned by one ``LiveState``.
+    one insertion (no ``move_to_end``); ``back`` keeps the tail-pushed items
+    in queue order.  Every operation returns ``self`` so rule code reads the
+    same on both representations.  Owned by one ``LiveState``.
     """
 
     __slots__ = ("front", "lo", "hi", "desc", "holes", "back")

@@ -102,6 +102,8 @@ def test_bad_arguments_raise_typed_errors() -> None:
     before = pool.engine.state
     with pytest.raises(ValueError, match="Cannot get 4 free blocks"):
         pool.get_new_blocks(4)
+    with pytest.raises(ValueError, match="num_blocks must be >= 0, got -1"):
+        pool.get_new_blocks(-1)  # vLLM 0.33 would count one more free block
     assert pool.engine.state is before
     with pytest.raises(TypeError, match="not a block of this pool"):
         pool.free_blocks([BlockPool(4, True, BS).blocks[1]])

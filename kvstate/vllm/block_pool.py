@@ -160,10 +160,13 @@ class BlockPool:
         """Pop ``num_blocks`` from the free-queue head, lazily evicting cached ones.
 
         Commits ``BlockUncache`` (only for cached head blocks) and ``BlockAlloc``;
-        ``ValueError`` with nothing changed when fewer blocks are free.
+        ``ValueError`` with nothing changed when fewer blocks are free or ``num_blocks`` is
+        negative.
         """
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
             raise TypeError(f"num_blocks must be an int, got {num_blocks!r}")
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         with self.engine.batch() as b:
             pages = plan_get_new_blocks(b, DETACHED, num_blocks)
         blocks = self.blocks
