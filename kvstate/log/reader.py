@@ -208,17 +208,30 @@ class LogReader:
         """``(byte offset, item)`` for every record through the end record.
 
         Checks the framing facts too: checkpoints carry the number of events
-        before them, the end record the total, and nothing follows it.
+        before them, the end record the total, and nothing follows it.  The
+        events of one event block share the block's offset.
         """
-        return self._salvaged() if self.salvage else self._records()
+        for start, run in self.runs():
+            if type(run) is list:
+                for event in run:
+                    yield start, event
+            else:
+                yield start, run  # type: ignore[misc]
 
-    def _salvaged(self) -> Iterator[tuple[int, Item]]:
+    def runs(self) -> Iterator[tuple[int, list[Event] | Checkpoint | EndRecord]]:
+        """``(byte offset, events)`` for each event record (an event block's events, whole and
+        validated, or one event in a list), ``(byte offset, item)`` for each checkpoint and
+        the end record: :meth:`records` without a step per event, for a consumer (replay)
+        that loops over the events itself."""
+        return self._salvaged() if self.salvage else self._runs()
+
+    def _salvaged(self) -> Iterator[tuple[int, list[Event] | Checkpoint | EndRecord]]:
         try:
-            yield from self._records()
+            yield from self._runs()
         except LogFormatError as exc:
             self.stopped = exc
 
-    def _records(self) -> Iterator[tuple[int, Item]]:
+    def _runs(self) -> Iterator[tuple[int, list[Event] | Checkpoint | EndRecord]]:
         limit = self.max_record_bytes
         crc32 = zlib.crc32
         seeds = _LENGTH_SEEDS
@@ -250,10 +263,9 @@ class LogReader:
                 if body[:5] == BLOCK_PREFIX:
                     events = self._block(body, start)
                     self.records_read += 1
+                    self.events_read += len(events)
                     self.offset = base + end
-                    for event in events:
-                        self.events_read += 1
-                        yield start, event
+                    yield start, events
                     continue
                 plain = plain_of(body[:5])
                 item: Item | None = None
@@ -267,6 +279,9 @@ class LogReader:
                     item = decode(body, start)
                 self.records_read += 1
                 self.offset = base + end
+                if isinstance(item, Event):
+                    yield start, [item]
+                    continue
                 yield start, item
                 if type(item) is EndRecord:
                     self._after_end()
@@ -341,9 +356,9 @@ class LogReader:
 
     def events(self) -> Iterator[Event]:
         """Only the events, in order (checkpoints and the end record are still validated)."""
-        for _, item in self.records():
-            if isinstance(item, Event):
-                yield item
+        for _, run in self.runs():
+            if type(run) is list:
+                yield from run
 
 
 def read_header(path: str | os.PathLike[str], *, limits: Limits = DEFAULT_LIMITS) -> LogHeader:

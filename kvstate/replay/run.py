@@ -26,6 +26,7 @@ is consumed.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,7 @@ from kvstate.invariants.incremental import IncrementalChecker
 from kvstate.log.format import Checkpoint, EndRecord, LogFormatError, LogHeader
 from kvstate.log.limits import tokens_per_slot
 from kvstate.log.reader import LogReader
-from kvstate.replay.tally import HOOKS, Summary, add_type_counts, record_peak, set_units
+from kvstate.replay.tally import HOOKS, Summary, add_type_counts, set_units
 from kvstate.state import State, initial_state
 
 Checker = Callable[[Any], list[Violation]]
@@ -127,13 +128,13 @@ def replay(reader: LogReader, *, check_every: int = 1, until: int | None = None,
         result.failure = ReplayFailure(
             "fingerprint", "the initial state's fingerprint differs from the header's (the state "
             "encoding changed since this log was written)", check="initial_state")
-        final: Any = initial
-    else:
-        loop = _Loop(result, initial, backend, check_every, checker, full_checks)
+    loop = _Loop(result, initial, backend, check_every, checker, full_checks)
+    final: Any = initial
+    if result.failure is None:
         final = loop.run(reader, until, verify, on_event, on_progress, progress_every)
     result.state = final if isinstance(final, State) else final.freeze()
     summary.seconds = time.perf_counter() - started
-    summary.final_fingerprint = fingerprint(final).hex()
+    summary.final_fingerprint = loop.final_fingerprint(final).hex()
     summary.digests = reader.digests
     summary.digests_verified = reader.digests_verified
     result.salvaged = reader.stopped
@@ -153,6 +154,9 @@ class _Loop:
         if checker is None and check_every and not full_checks and not self.persistent:
             self.incremental = IncrementalChecker(self.state)
         self.checker: Checker = check if checker is None else checker
+        # (events applied, fingerprint) of the last checkpoint or end record compared: the
+        # final fingerprint after an end record is that one (an O(state) encoding, not twice).
+        self.compared: tuple[int, bytes] | None = None
 
     def violations(self) -> list[Violation]:
         if self.incremental is not None:
@@ -165,59 +169,58 @@ class _Loop:
         result, summary = self.result, self.result.summary
         check_every = self.check_every
         index = last_checked = 0
-        num_pages = result.header.geometry.num_pages
         pending: dict[Any, int] = {}  # requests still in their prefill (kvstate.replay.tally)
-        counts: dict[Any, int] = {}  # accepted events per class, folded into by_type at the end
+        counts: Counter[type] = Counter()  # accepted events per class, folded into by_type
         last: Event | None = None
         limit = -1 if until is None else until
-        # The hot loop binds what it calls per event: the live state's apply (the state
-        # object never changes on the live backend) and the tally's hook table; most
-        # events have no hook and only count.
-        live_apply = None if self.persistent else self.state.apply
+        # The hot loop takes the log a block of events at a time and binds what it calls per
+        # event: the state's apply and the tally's hook table (most events have no hook).
+        apply = self._persistent_apply if self.persistent else self.state.apply
         hook_of = HOOKS.get
+        stop = False
         try:
-            for offset, item in reader.records():
-                kind = type(item)
-                if kind is Checkpoint or kind is EndRecord:
+            for offset, run in reader.runs():
+                if type(run) is not list:
                     if verify and reader.digest_failure is not None:
                         self._digest_broken(reader, index)
                         break
-                    if verify and not self._fingerprint_ok(item, index, offset):  # type: ignore[arg-type]
+                    if verify and not self._fingerprint_ok(run, index, offset):  # type: ignore[arg-type]
                         break
-                    summary.checkpoints_verified += kind is Checkpoint
+                    summary.checkpoints_verified += type(run) is Checkpoint
                     continue
-                if index == limit:
-                    result.stopped_early = True
-                    break
-                hook = hook_of(kind)
-                measured = None
-                if hook is not None and hook.before is not None:
-                    measured = hook.before(self.state, item, pending)
-                try:
-                    if live_apply is not None:
-                        live_apply(item)
-                    else:
-                        self.state = apply_valid(self.state, item)  # type: ignore[arg-type]
-                except InvalidEvent as exc:
-                    result.failure = ReplayFailure("invalid_event", exc.precondition, index,
-                                                   item, "rules", offset)  # type: ignore[arg-type]
-                    break
-                counts[kind] = counts.get(kind, 0) + 1
-                if hook is not None:
-                    if hook.takes_pages:
-                        record_peak(summary, self.state, num_pages)
-                    if hook.after is not None:
-                        hook.after(summary, pending, item, measured)
-                last = item  # type: ignore[assignment]
-                index += 1
-                if on_event is not None:
-                    on_event(index - 1, item, self.state)  # type: ignore[arg-type]
-                if check_every and index % check_every == 0:
-                    last_checked = index
-                    if self._violated(index - 1, last, offset):
+                first = index
+                for item in run:
+                    if index == limit:
+                        result.stopped_early = stop = True
                         break
-                if on_progress is not None and index % progress_every == 0:
-                    on_progress(index, reader.offset)
+                    hook = hook_of(type(item))
+                    if hook is not None:
+                        before, after = hook
+                        measured = None if before is None else before(self.state, item, pending)
+                    try:
+                        apply(item)
+                    except InvalidEvent as exc:
+                        result.failure = ReplayFailure("invalid_event", exc.precondition, index,
+                                                       item, "rules", offset)
+                        stop = True
+                        break
+                    if hook is not None:
+                        after(summary, pending, item, measured, self.state)
+                    last = item
+                    index += 1
+                    if on_event is not None:
+                        on_event(index - 1, item, self.state)
+                    if check_every and index % check_every == 0:
+                        last_checked = index
+                        if self._violated(index - 1, last, offset):
+                            stop = True
+                            break
+                    if on_progress is not None and index % progress_every == 0:
+                        on_progress(index, reader.offset)
+                # Counted per run in C; a run cut short counts the events it accepted.
+                counts.update(map(type, run if index - first == len(run) else run[:index - first]))
+                if stop:
+                    break
         except LogFormatError as exc:
             result.failure = ReplayFailure("format", exc.reason, index, None, None, exc.offset)
         else:
@@ -226,6 +229,16 @@ class _Loop:
         add_type_counts(summary, counts)
         summary.events = index
         return self.state
+
+    def final_fingerprint(self, final: Any) -> bytes:
+        """The fingerprint of the state the loop stopped in (``final``, frozen or live)."""
+        compared = self.compared
+        if compared is not None and compared[0] == self.result.summary.events:
+            return compared[1]
+        return fingerprint(final)
+
+    def _persistent_apply(self, event: Event) -> None:
+        self.state = apply_valid(self.state, event)
 
     def _digest_broken(self, reader: LogReader, index: int) -> None:
         broken = reader.digest_failure
@@ -237,6 +250,7 @@ class _Loop:
     def _fingerprint_ok(self, item: Checkpoint | EndRecord, index: int, offset: int) -> bool:
         expected = item.fingerprint
         got = fingerprint(self.state)
+        self.compared = (index, got)
         if got == expected:
             return True
         is_end = isinstance(item, EndRecord)

@@ -129,7 +129,7 @@ def set_units(summary: Summary, page_size: int, block_mode: bool, tokens_per_slo
         summary.granularity = f"slot of {tokens_per_slot} tokens"
 
 
-# -- before the event: split a prefill write into hits and computed slots -----------------
+# -- before the event: what only the state before it shows --------------------------------
 Writes = list[tuple[Any, int, int]]  # (request in its prefill, hit units, computed units)
 
 
@@ -143,33 +143,16 @@ def _split(state: Any, slots: Any) -> tuple[int, int]:
     return hits, len(slots) - hits
 
 
-def _assign(state: Any, evt: Any, pending: dict[Any, int]) -> Writes | None:
+def _assign_split(state: Any, evt: Any, pending: dict[Any, int]) -> Writes | None:
     if evt.request not in pending:
         return None
-    if type(evt) is Share:  # held KV mapped again: every slot is a hit
-        return [(evt.request, len(evt.slots), 0)]
     return [(evt.request, *_split(state, evt.slots))]
 
 
-def _scatter(state: Any, evt: Any, pending: dict[Any, int]) -> Writes | None:
+def _scatter_split(state: Any, evt: Any, pending: dict[Any, int]) -> Writes | None:
     writes = [(request, *_split(state, (slot,))) for request, _, slot in evt.items
               if request in pending]
     return writes or None
-
-
-def _allocate(state: Any, evt: Any, pending: dict[Any, int]) -> Writes | None:
-    writes = [(request, 0, len(slots)) for request, slots in evt.items if request in pending]
-    return writes or None
-
-
-def _hold_split(state: Any, evt: Any, pending: dict[Any, int]) -> Writes | None:
-    if evt.holder not in pending:
-        return None
-    return [(evt.holder, sum(1 for page in evt.pages if page), 0)]  # page 0 pads, not a hit
-
-
-def _alloc_split(state: Any, evt: Any, pending: dict[Any, int]) -> Writes | None:
-    return [(evt.holder, 0, len(evt.pages))] if evt.holder in pending else None
 
 
 def _evicted(state: Any, evt: Any, pending: dict[Any, int]) -> int:
@@ -177,97 +160,107 @@ def _evicted(state: Any, evt: Any, pending: dict[Any, int]) -> int:
     return sum(len(nodes[n].key) for n in evt.nodes if n in nodes)
 
 
-_BEFORE: dict[type, Callable[[Any, Any, dict[Any, int]], Any]] = {
-    Assign: _assign, Share: _assign, Scatter: _scatter, Allocate: _allocate,
-    BlockHold: _hold_split, BlockAlloc: _alloc_split, Evict: _evicted,
-}
+# -- after the event was accepted: (summary, pending, event, measured, state) -------------
+def _prompt(summary: Summary, pending: dict[Any, int], request: Any, hits: int,
+            computed: int) -> None:
+    """One prefill write of ``request`` (in ``pending``).  Hits wait in ``pending`` until the
+    request computes its first slot (then its prompt counts); a request closed before that
+    was never admitted and counts nothing."""
+    if computed:
+        summary.hit_units += pending.pop(request) + hits
+        summary.computed_units += computed
+    else:
+        pending[request] += hits
 
 
-# -- after the event was accepted -----------------------------------------------------
-def _count_prompt(summary: Summary, pending: dict[Any, int], evt: Any,
-                  writes: Writes | None) -> None:
-    """Hits wait in ``pending`` until the request computes its first slot (then its prompt
-    counts); a request closed before that was never admitted and counts nothing."""
+def _peak(summary: Summary, state: Any) -> None:
+    """After an event that takes pages: raise the peak of pages in use if it grew.  Only
+    ``Allocate``, ``BlockAlloc``, ``BlockHold`` and ``Load`` take pages off the device free
+    list, so only their hooks read its length (about a microsecond on the live backend, as
+    much as a small event's rule)."""
+    used = state.geometry.num_pages - len(state.free_pages)
+    if used > summary.peak_pages_used:
+        summary.peak_pages_used = used
+
+
+def _writes(summary: Summary, pending: dict[Any, int], evt: Any, writes: Writes | None,
+            state: Any) -> None:
     if writes is None:
         return
     for request, hits, computed in writes:
-        if request not in pending:  # an earlier item of this event ended its prefill
-            continue
-        if computed:
-            summary.hit_units += pending.pop(request) + hits
-            summary.computed_units += computed
-        else:
-            pending[request] += hits
+        if request in pending:  # not when an earlier item of this event ended its prefill
+            _prompt(summary, pending, request, hits, computed)
 
 
-def _req_alloc(summary: Summary, pending: dict[Any, int], evt: Any, _: Any) -> None:
+def _share(summary: Summary, pending: dict[Any, int], evt: Any, _: Any, state: Any) -> None:
+    if evt.request in pending:  # held KV mapped again: every slot is a hit
+        _prompt(summary, pending, evt.request, len(evt.slots), 0)
+
+
+def _allocate(summary: Summary, pending: dict[Any, int], evt: Any, _: Any, state: Any) -> None:
+    for request, slots in evt.items:
+        if request in pending:
+            _prompt(summary, pending, request, 0, len(slots))
+    _peak(summary, state)
+
+
+def _req_alloc(summary: Summary, pending: dict[Any, int], evt: Any, _: Any, state: Any) -> None:
     summary.requests += len(evt.requests)
     for request in evt.requests:
         pending[request] = 0
 
 
-def _req_free(summary: Summary, pending: dict[Any, int], evt: Any, _: Any) -> None:
+def _req_free(summary: Summary, pending: dict[Any, int], evt: Any, _: Any, state: Any) -> None:
     for request in evt.requests:
         pending.pop(request, None)
 
 
-def _evict(summary: Summary, _: dict[Any, int], evt: Any, evicted: int) -> None:
+def _evict(summary: Summary, _: dict[Any, int], evt: Any, evicted: int, state: Any) -> None:
     summary.evictions += 1
     summary.evicted_nodes += len(evt.nodes)
     summary.evicted_units += evicted
 
 
-def _block_hold(summary: Summary, pending: dict[Any, int], evt: Any, split: Writes | None) -> None:
-    summary.block_hits += sum(1 for page in evt.pages if page)
-    _count_prompt(summary, pending, evt, split)
+def _block_hold(summary: Summary, pending: dict[Any, int], evt: Any, _: Any, state: Any) -> None:
+    pages, holder = evt.pages, evt.holder
+    hits = len(pages) - pages.count(0)  # page 0 pads a table and is not a hit
+    summary.block_hits += hits
+    if holder in pending:  # hits only: the prefill goes on (``_prompt`` with none computed)
+        pending[holder] += hits
+    _peak(summary, state)
 
 
-def _block_alloc(summary: Summary, pending: dict[Any, int], evt: Any, split: Writes | None) -> None:
-    summary.blocks_allocated += len(evt.pages)
-    _count_prompt(summary, pending, evt, split)
+def _block_alloc(summary: Summary, pending: dict[Any, int], evt: Any, _: Any, state: Any) -> None:
+    computed, holder = len(evt.pages), evt.holder
+    summary.blocks_allocated += computed
+    if computed and holder in pending:  # the first computed blocks end the prefill (``_prompt``)
+        summary.hit_units += pending.pop(holder)
+        summary.computed_units += computed
+    _peak(summary, state)
 
 
-def _block_uncache(summary: Summary, _: dict[Any, int], evt: Any, __: Any) -> None:
+def _block_uncache(summary: Summary, _: dict[Any, int], evt: Any, __: Any, state: Any) -> None:
     summary.blocks_uncached += len(evt.pages)
 
 
-_AFTER: dict[type, Callable[[Summary, dict[Any, int], Any, Any], None]] = {
-    Allocate: _count_prompt, Assign: _count_prompt, Share: _count_prompt,
-    Scatter: _count_prompt, ReqAlloc: _req_alloc, ReqFree: _req_free, Evict: _evict,
-    BlockHold: _block_hold, BlockAlloc: _block_alloc, BlockUncache: _block_uncache,
+def _load(summary: Summary, _: dict[Any, int], evt: Any, __: Any, state: Any) -> None:
+    _peak(summary, state)
+
+
+Before = Callable[[Any, Any, dict[Any, int]], Any]
+After = Callable[[Summary, dict[Any, int], Any, Any, Any], None]
+
+# Event kind -> (before, after): ``before(state, event, pending)`` measures the state before
+# the event (None when the count needs only the event), ``after(summary, pending, event,
+# measured, state)`` counts it once applied.  Kinds not listed only count in ``by_type``.
+# One table lookup and at most two calls per event: the replay loop's whole summary cost.
+HOOKS: dict[type, tuple[Before | None, After]] = {
+    Assign: (_assign_split, _writes), Scatter: (_scatter_split, _writes),
+    Evict: (_evicted, _evict), Share: (None, _share), Allocate: (None, _allocate),
+    ReqAlloc: (None, _req_alloc), ReqFree: (None, _req_free),
+    BlockHold: (None, _block_hold), BlockAlloc: (None, _block_alloc),
+    BlockUncache: (None, _block_uncache), Load: (None, _load),
 }
-
-
-# The only events that take pages off the device free list: the peak can only move
-# after one of them, so the free list's length is read only then (it costs about a
-# microsecond on the live backend, as much as a small event's rule).
-TAKES_PAGES = frozenset({Allocate, BlockAlloc, BlockHold, Load})
-
-
-@attrs.frozen
-class Hook:
-    """What the summary does around one event kind: ``before(state, event, pending)``
-    measures the state before the event, ``after(summary, pending, event, measured)``
-    counts it once applied, ``takes_pages`` asks for the free list's length after it."""
-
-    before: Callable[[Any, Any, dict[Any, int]], Any] | None
-    after: Callable[[Summary, dict[Any, int], Any, Any], None] | None
-    takes_pages: bool
-
-
-# Event kind -> its hook; kinds not listed only count in ``by_type``.  The replay loop
-# reads this table once per event instead of calling two functions for every event.
-HOOKS: dict[type, Hook] = {
-    kind: Hook(_BEFORE.get(kind), _AFTER.get(kind), kind in TAKES_PAGES)
-    for kind in {*_BEFORE, *_AFTER, *TAKES_PAGES}
-}
-
-
-def record_peak(summary: Summary, state: Any, num_pages: int) -> None:
-    """After an event that takes pages: raise the peak of pages in use if it grew."""
-    used = num_pages - len(state.free_pages)
-    if used > summary.peak_pages_used:
-        summary.peak_pages_used = used
 
 
 def add_type_counts(summary: Summary, counts: dict[Any, int]) -> None:
