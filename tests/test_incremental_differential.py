@@ -66,6 +66,14 @@ def _set(obj: object, name: str, value: object) -> None:
     setattr(obj, name, value)
 
 
+def _unprotect(live: LiveState, node_id: int) -> None:
+    """Move a node's tokens from the protected to the evictable size (the sizes agree with
+    a lock count taken to zero or below)."""
+    tokens = len(live.nodes[node_id].key)
+    live.evictable_size += tokens
+    live.protected_size -= tokens
+
+
 # name: (expected check, base, corruption of the live state that reports what it touched)
 CORRUPTIONS: dict[str, tuple[str, Callable[[], LiveState], Callable[[LiveState], None]]] = {
     "detached-page-also-free": ("conservation", radix_base, lambda s: (
@@ -80,8 +88,20 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[], LiveState], Callable[[LiveState],
         s.leaves.__setitem__(1, None), s.touched.nodes.add(1))),
     "below-index-off": ("lock_monotonic", radix_base, lambda s: (
         _set(s.nodes[1], "below", 1), s.touched.nodes.add(1))),
+    "locked-path-below-index-off": ("lock_monotonic", radix_base, lambda s: (
+        _set(s.nodes[1], "below", 1), s.touched.locked.add(1))),
+    "locked-path-negative-lock": ("lock_monotonic", radix_base, lambda s: (
+        _set(s.nodes[1], "lock_ref", -1), _unprotect(s, 1), s.touched.locked.add(1))),
+    "unlocked-leaf-missing-from-index": ("leaf_index", radix_base, lambda s: (
+        _set(s.nodes[1], "lock_ref", 0), _unprotect(s, 1), s.touched.locked.add(1))),
     "child-index-lost": ("node_shape", radix_base, lambda s: (
         s.nodes[0].children.pop(5), s.touched.nodes.add(0))),
+    "page-claims-a-node-that-does-not-list-it": ("node_shape", radix_base, lambda s: (
+        s.page_node.__setitem__(4, 1), s.touched.pages.add(4))),
+    "single-holder-does-not-map-its-page": ("refcounts", radix_base, lambda s: (
+        s.holders.__setitem__(3, (1,)), s.touched.pages.add(3))),
+    "detached-page-mapped-by-a-request": ("table_refs_live", radix_base, lambda s: (
+        s.holders.__setitem__(3, (0,)), s.touched.pages.add(3))),
     "committed-past-allocated": ("request_lengths", radix_base, lambda s: (
         _set(s.requests[2], "committed", 5), s.touched.table(2, 0))),
     "tree-refs-index-off": ("table_refs_live", radix_base, lambda s: (

@@ -160,12 +160,14 @@ def _lock_monotonic(state: State) -> Iterator[str]:
         yield from node_locks(nodes, node_id, node)
 
 
-def node_locks(nodes: Any, node_id: int, node: Any) -> Iterator[str]:
-    """``lock_monotonic`` for one node (also the incremental checker's unit)."""
+def node_locks(nodes: Any, node_id: int, node: Any, below: int | None = None) -> Iterator[str]:
+    """``lock_monotonic`` for one node (also the incremental checker's unit, which passes
+    ``below``, its children's lock total, from its shadows instead of summing them)."""
     if node.lock_ref < 0:
         yield f"node {node_id} has negative lock_ref {node.lock_ref}"
     if node_id != ROOT:
-        below = sum(nodes[c].lock_ref for c in node.children.values() if c in nodes)
+        if below is None:
+            below = sum(nodes[c].lock_ref for c in node.children.values() if c in nodes)
         if node.below != below:
             yield f"node {node_id} below index is {node.below}, its children hold {below}"
     if node_id == ROOT or node.parent == ROOT:

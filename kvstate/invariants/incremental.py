@@ -3,11 +3,13 @@
 ``IncrementalChecker(live)`` switches on the rules' change reports
 (``LiveState.touched``) and keeps a few shadows the rules never see: each
 request's mapped pages and their reverse index (page -> requests mapping
-it), each node's token contribution to the tree sizes, and the number of
-open rows.  ``check()`` then verifies every named property on the pages,
-nodes and requests touched since the last call, plus the global sums, in
-time proportional to that change.  After a reset (``touched.everything``)
-it runs the full checks and rebuilds its shadows.
+it), each node's token contribution to the tree sizes, each node's parent
+and lock count with each parent's children count and lock total, and the
+number of open rows.  ``check()`` then verifies every named property on
+the pages (``kvstate.invariants.incremental_pages``), nodes and requests
+touched since the last call, plus the global sums, in time proportional to
+that change.  After a reset (``touched.everything``) it runs the full
+checks and rebuilds its shadows.
 
 The full checks in ``kvstate.invariants.core`` stay the definition; tests
 compare the two on every event of seeded runs.  Owns its shadows; never
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvstate.invariants.core import node_locks, request_shape
+from kvstate.invariants.incremental_pages import page_violations, suspect_pages
 from kvstate.invariants.mamba import check_mamba
 from kvstate.invariants.mamba_incremental import MambaShadow
 from kvstate.invariants.registry import HOST_NAMES, Violation, run_checks
@@ -27,7 +30,7 @@ from kvstate.invariants.swa import check_swa
 from kvstate.invariants.swa_incremental import SwaShadow
 from kvstate.records import RequestId
 from kvstate.rules.store import Touched
-from kvstate.state import DETACHED, ROOT, block_child_key
+from kvstate.state import ROOT, block_child_key
 
 
 class IncrementalChecker:
@@ -45,14 +48,19 @@ class IncrementalChecker:
         self.tables: dict[RequestId, list[int | None]] = {}  # None: a dangling entry
         self.mapped_by: dict[int, set[RequestId]] = {}
         for request_id, record in live.requests.items():
-            self._map(request_id, _entries(record))
+            entries = self.tables[request_id] = _entries(record)
+            self._map(request_id, entries)
         self.sizes: dict[int, tuple[int, int]] = {}
         self.evictable = self.protected = 0
-        # Each node's parent and each parent's number of children, from the parent
-        # pointers: a touched parent that stops indexing an untouched child is caught
-        # by its children count.
+        # Each node's parent and lock count, and each parent's number of children and their
+        # lock total, from the parent pointers: a touched parent that stops indexing an
+        # untouched child is caught by its children count, and a node's ``below`` index is
+        # checked against the total without walking its children (a lock touches a path
+        # whose nodes may have many children each).
         self.parent_of: dict[int, int] = {}
+        self.lock_of: dict[int, int] = {}
         self.kids: dict[int, int] = {}
+        self.locks_below: dict[int, int] = {}
         for node_id, node in live.nodes.items():
             self._size(node_id, node)
             self._reparent(node_id, node)
@@ -61,7 +69,6 @@ class IncrementalChecker:
         self.mamba = None if live.mamba is None else MambaShadow(live)  # the Mamba pool's
 
     def _map(self, request_id: RequestId, entries: list[int | None]) -> None:
-        self.tables[request_id] = entries
         mapped_by = self.mapped_by
         for page in entries:
             if page is not None:
@@ -79,13 +86,18 @@ class IncrementalChecker:
                     del mapped_by[page]
 
     def _reparent(self, node_id: int, node: Any) -> None:
-        kids = self.kids
+        kids, locks_below = self.kids, self.locks_below
         old = self.parent_of.pop(node_id, None)
+        old_lock = self.lock_of.pop(node_id, 0)
         if old is not None:
             kids[old] -= 1
+            locks_below[old] -= old_lock
         if node is not None and node_id != ROOT:
-            self.parent_of[node_id] = node.parent
-            kids[node.parent] = kids.get(node.parent, 0) + 1
+            parent, lock = node.parent, node.lock_ref
+            self.parent_of[node_id] = parent
+            self.lock_of[node_id] = lock
+            kids[parent] = kids.get(parent, 0) + 1
+            locks_below[parent] = locks_below.get(parent, 0) + lock
 
     def _size(self, node_id: int, node: Any) -> None:
         old = self.sizes.pop(node_id, (0, 0))
@@ -114,14 +126,18 @@ class IncrementalChecker:
         pages = set(touched.pages)  # plus the pages a changed table now maps, or no longer does
         for request_id, index in touched.requests.items():
             found.extend(self._request(request_id, index, pages))
-        for page in pages:
-            found.extend(self._page(page))
+        mapped_by = self.mapped_by
+        for page in suspect_pages(live, mapped_by, pages):
+            found.extend(page_violations(live, mapped_by, page))
         nodes = live.nodes
-        for node_id in touched.nodes:  # every parent pointer first, then the counts agree
+        relinked = touched.nodes | touched.locked
+        for node_id in relinked:  # every parent pointer and lock first, then the counts agree
             self._reparent(node_id, nodes.get(node_id))
         for node_id in touched.nodes:
             found.extend(self._node(node_id, links=True))
-        for node_id in touched.stamped - touched.nodes:
+        for node_id in touched.locked - touched.nodes:
+            found.extend(self._node(node_id, links=False, locks=True))
+        for node_id in touched.stamped - relinked:
             found.extend(self._node(node_id, links=False))
         found.extend(self._globals())
         if touched.host_nodes or (live.host is not None and touched.nodes):
@@ -134,32 +150,38 @@ class IncrementalChecker:
         return found
 
     def _request(self, request_id: RequestId, index: int, pages: set[int]) -> list[Violation]:
-        """Re-map a changed request in the shadows (adding the pages involved to ``pages``)
-        and check its record."""
+        """Re-map a changed request's table from ``index`` on in the shadows (adding the pages
+        involved to ``pages``) and check its record.  The entries before ``index`` are not
+        touched: a decode step costs what it added, not the table's length."""
         found: list[Violation] = []
         live = self.live
         record = live.requests.get(request_id)
         old = self.tables.get(request_id)
-        if old is not None:
-            changed = old if record is None else old[index:]
-            self._unmap(request_id, changed)
-        else:
-            changed = []
-        pages.update(page for page in changed if page is not None)
         if record is None:
-            self.tables.pop(request_id, None)
+            if old is not None:
+                self._unmap(request_id, old)
+                pages.update(page for page in old if page is not None)
+                del self.tables[request_id]
             if isinstance(request_id, int):
                 self.rows -= 1 if old is not None else 0
                 if request_id not in live.free_rows and request_id != 0:
                     found.append(Violation("reserved_ids",
                                            f"row {request_id} is neither open nor free"))
             return found
-        if old is None and isinstance(request_id, int):
-            self.rows += 1
-        kept = [] if old is None else old[:index]
-        new = _entries(record, len(kept))
-        self._map(request_id, kept + new)
-        pages.update(page for page in new if page is not None)
+        if old is None:
+            old = self.tables[request_id] = []
+            if isinstance(request_id, int):
+                self.rows += 1
+        elif index < len(old):
+            changed = old[index:]
+            self._unmap(request_id, changed)
+            pages.update(page for page in changed if page is not None)
+            del old[index:]
+        new = _entries(record, len(old))
+        if new:
+            self._map(request_id, new)
+            old.extend(new)
+            pages.update(page for page in new if page is not None)
         found.extend(Violation("request_lengths", message)
                      for message in request_shape(live, request_id, record))
         if isinstance(request_id, int):
@@ -169,47 +191,10 @@ class IncrementalChecker:
                 found.append(Violation("reserved_ids", f"row {request_id} is both open and free"))
         return found
 
-    def _page(self, page: int) -> Iterator[Violation]:
-        live = self.live
-        block = live.geometry.mode == "block"
-        held = live.holders.get(page)
-        node_id = live.page_node.get(page)
-        free = page in live.free_pages
-        if not 1 <= page <= live.geometry.num_pages:
-            if held is not None or node_id is not None or free:
-                yield Violation("conservation", f"page {page} outside 1..N is tracked")
-            return
-        taken = held is not None if block else (held is not None or node_id is not None)
-        if free and taken:
-            yield Violation("conservation", f"page {page} is both free and held")
-        elif not free and not taken:
-            yield Violation("conservation", f"page {page} is neither free nor held (leaked)")
-        mappers = self.mapped_by.get(page, set())
-        if held is not None:
-            for message in _holders(page, held, mappers, block):
-                yield Violation("refcounts", message)
-        if node_id is not None:
-            node = live.nodes.get(node_id)
-            if node is None or page not in node.pages:
-                yield Violation("node_shape", f"page {page} claims tree node {node_id}, "
-                                              "which does not hold it")
-        held = held or ()
-        if block:
-            for request_id in mappers:
-                if request_id not in held:
-                    yield Violation("table_refs_live", f"request {request_id!r} maps page {page}, "
-                                                       "which it does not hold")
-            return
-        unheld = [r for r in mappers if r not in held]
-        if node_id is None and unheld:
-            yield Violation("table_refs_live", f"request {unheld[0]!r} maps page {page}, which "
-                                               "neither it nor the tree holds")
-        expected = len(unheld) if node_id is not None else 0
-        if live.tree_refs.get(page, 0) != expected:
-            yield Violation("table_refs_live", "the index of tree pages mapped without a hold is "
-                                               f"off at page {page}")
-
-    def _node(self, node_id: int, *, links: bool) -> Iterator[Violation]:
+    def _node(self, node_id: int, *, links: bool, locks: bool = False) -> Iterator[Violation]:
+        """A changed node's checks: its clock always; its locks and leaf entry when they may
+        have changed (``locks``, or ``links``); its shape and links when it changed
+        otherwise (``links``: its key, pages, parent or children)."""
         live = self.live
         node = live.nodes.get(node_id)
         self._size(node_id, node)
@@ -221,14 +206,16 @@ class IncrementalChecker:
         if node.last_access > live.clock:
             yield Violation("clock", f"node {node_id} access time {node.last_access} is after "
                                      f"clock {live.clock}")
-        if not links:
+        if not (links or locks):
             return
-        for message in node_locks(live.nodes, node_id, node):
+        for message in node_locks(live.nodes, node_id, node, self.locks_below.get(node_id, 0)):
             yield Violation("lock_monotonic", message)
         if live.geometry.mode == "radix":
             leaf = node_id != ROOT and node.lock_ref == 0 and not node.children
             if leaf != in_leaves:
                 yield Violation("leaf_index", f"leaf index is off at node {node_id}")
+        if not links:
+            return
         for message in _node_links(live, node_id, node):
             yield Violation("node_shape", message)
         if len(node.children) != self.kids.get(node_id, 0):
@@ -254,27 +241,6 @@ def _entries(record: Any, start: int = 0) -> list[int | None]:
         return list(pages[start:])
     gone = set(record.dangling)
     return [None if index in gone else pages[index] for index in range(start, len(pages))]
-
-
-def _holders(page: int, held: tuple[RequestId, ...], mappers: set[RequestId],
-             block: bool) -> Iterator[str]:
-    if not held:
-        yield f"page {page} has an empty holder entry"
-    if block:
-        requests = [h for h in held if h != DETACHED or isinstance(h, str)]
-        if len(requests) != len(set(requests)):
-            yield f"page {page} lists a request holder twice: {list(held)}"
-    else:
-        requests = list(held)
-        if len(held) != len(set(held)):
-            yield f"page {page} lists a holder twice: {list(held)}"
-    for holder in requests:
-        if holder == DETACHED and not isinstance(holder, str):
-            if len(held) > 1:
-                yield f"page {page} is DETACHED and held by requests {list(held)}"
-            continue
-        if holder not in mappers:
-            yield f"page {page} is held by request {holder!r} but not in its table"
 
 
 def _node_links(live: Any, node_id: int, node: Any) -> Iterator[str]:

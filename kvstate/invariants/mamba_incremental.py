@@ -101,7 +101,7 @@ class MambaShadow:
                 found.append(Violation("mamba_rows", f"row {row!r} holds Mamba slots "
                                                      f"{sorted(self.by_row[row])} it does not list"))
         stamps: set[int] = set()
-        for node_id in touched.nodes | touched.stamped:
+        for node_id in touched.nodes | touched.stamped | touched.locked:
             old = self.entry.get(node_id)
             if old is not None:
                 stamps.add(old[0])

@@ -89,7 +89,7 @@ class SwaShadow:
         for full in touched.pages:
             found.extend(self._check_page(full))
         stamps: set[int] = set()
-        changed = touched.nodes | touched.stamped
+        changed = touched.nodes | touched.stamped | touched.locked
         for node_id in changed:  # every shadow first: a split moves a receipt between two nodes
             old = self.stamp.get(node_id)
             if old is not None:

@@ -28,19 +28,22 @@ class Touched:
     """What a run of events changed, for incremental checks.
 
     ``pages`` and ``nodes`` whose entries changed (``stamped``: nodes whose only
-    change was an access time); ``requests`` maps each request whose record
-    changed to the first table index that may have changed (its old length when
-    it only grew); ``host_nodes`` for the host tier; ``mamba_slots`` the Mamba
-    slots whose owner changed; ``everything`` after a reset.
+    change was an access time; ``locked``: nodes whose only change was their
+    ``lock_ref`` and ``below`` counts, as a lock or an unlock leaves a path);
+    ``requests`` maps each request whose record changed to the first table
+    index that may have changed (its old length when it only grew);
+    ``host_nodes`` for the host tier; ``mamba_slots`` the Mamba slots whose
+    owner changed; ``everything`` after a reset.
     """
 
-    __slots__ = ("pages", "nodes", "stamped", "requests", "host_nodes", "mamba_slots",
-                 "everything")
+    __slots__ = ("pages", "nodes", "stamped", "locked", "requests", "host_nodes",
+                 "mamba_slots", "everything")
 
     def __init__(self) -> None:
         self.pages: set[int] = set()
         self.nodes: set[int] = set()
         self.stamped: set[int] = set()
+        self.locked: set[int] = set()
         self.requests: dict[RequestId, int] = {}
         self.host_nodes: set[int] = set()
         self.mamba_slots: set[int] = set()
@@ -56,6 +59,7 @@ class Touched:
         self.pages.clear()
         self.nodes.clear()
         self.stamped.clear()
+        self.locked.clear()
         self.requests.clear()
         self.host_nodes.clear()
         self.mamba_slots.clear()

@@ -207,7 +207,7 @@ def lock(s: Any, event: Lock) -> None:
     s.evictable_size -= moved
     s.protected_size += moved
     if s.touched is not None:
-        s.touched.nodes.update(path)
+        s.touched.locked.update(path)
 
 
 @rule(Unlock)
@@ -249,7 +249,7 @@ def unlock(s: Any, event: Unlock) -> None:
     s.evictable_size += moved
     s.protected_size -= moved
     if s.touched is not None:
-        s.touched.nodes.update(path)
+        s.touched.locked.update(path)
 
 
 @rule(Evict)
