@@ -102,6 +102,8 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[], LiveState], Callable[[LiveState],
         s.holders.__setitem__(3, (1,)), s.touched.pages.add(3))),
     "detached-page-mapped-by-a-request": ("table_refs_live", radix_base, lambda s: (
         s.holders.__setitem__(3, (0,)), s.touched.pages.add(3))),
+    "child-index-points-elsewhere": ("node_shape", radix_base, lambda s: (
+        s.nodes[0].children.__setitem__(5, 99), s.touched.nodes.add(0))),
     "committed-past-allocated": ("request_lengths", radix_base, lambda s: (
         _set(s.requests[2], "committed", 5), s.touched.table(2, 0))),
     "tree-refs-index-off": ("table_refs_live", radix_base, lambda s: (

@@ -52,14 +52,16 @@ class IncrementalChecker:
             self._map(request_id, entries)
         self.sizes: dict[int, tuple[int, int]] = {}
         self.evictable = self.protected = 0
-        # Each node's parent and lock count, and each parent's number of children and their
-        # lock total, from the parent pointers: a touched parent that stops indexing an
-        # untouched child is caught by its children count, and a node's ``below`` index is
-        # checked against the total without walking its children (a lock touches a path
-        # whose nodes may have many children each).
+        # Each node's parent, child key and lock count, and per parent the children index,
+        # the number of children and their lock total, all from the children's side (their
+        # parent pointers and keys).  A touched parent's index is then checked by one
+        # comparison with its shadow, and its ``below`` count against the total, without a
+        # walk over its children (a root or a shared stem may have thousands).
         self.parent_of: dict[int, int] = {}
+        self.key_of: dict[int, Any] = {}
         self.lock_of: dict[int, int] = {}
         self.kids: dict[int, int] = {}
+        self.index: dict[int, dict[Any, int]] = {}
         self.locks_below: dict[int, int] = {}
         for node_id, node in live.nodes.items():
             self._size(node_id, node)
@@ -86,18 +88,43 @@ class IncrementalChecker:
                     del mapped_by[page]
 
     def _reparent(self, node_id: int, node: Any) -> None:
-        kids, locks_below = self.kids, self.locks_below
+        """Move a changed (or removed: ``node`` None) node in the shadows of its parents."""
+        kids, locks_below, index = self.kids, self.locks_below, self.index
         old = self.parent_of.pop(node_id, None)
         old_lock = self.lock_of.pop(node_id, 0)
+        old_key = self.key_of.pop(node_id, None)
         if old is not None:
             kids[old] -= 1
             locks_below[old] -= old_lock
-        if node is not None and node_id != ROOT:
-            parent, lock = node.parent, node.lock_ref
+            siblings = index[old]
+            if siblings.get(old_key) == node_id:  # (two children under one key: count check)
+                del siblings[old_key]
+        if node is None:
+            if not index.get(node_id, True):
+                del index[node_id]
+            return
+        if node_id != ROOT:
+            parent, lock, key = node.parent, node.lock_ref, self._child_key(node)
             self.parent_of[node_id] = parent
             self.lock_of[node_id] = lock
+            self.key_of[node_id] = key
             kids[parent] = kids.get(parent, 0) + 1
             locks_below[parent] = locks_below.get(parent, 0) + lock
+            index.setdefault(parent, {})[key] = node_id
+
+    def _relock(self, node_id: int, node: Any) -> None:
+        """A node whose only change was its lock count (``Touched.locked``)."""
+        if node is None or node_id not in self.parent_of:
+            self._reparent(node_id, node)
+            return
+        self.locks_below[self.parent_of[node_id]] += node.lock_ref - self.lock_of[node_id]
+        self.lock_of[node_id] = node.lock_ref
+
+    def _child_key(self, node: Any) -> Any:
+        geometry = self.live.geometry
+        if geometry.mode == "block":
+            return block_child_key(node.key, node.extra)
+        return geometry.child_key(node.key)
 
     def _size(self, node_id: int, node: Any) -> None:
         old = self.sizes.pop(node_id, (0, 0))
@@ -131,8 +158,10 @@ class IncrementalChecker:
             found.extend(page_violations(live, mapped_by, page))
         nodes = live.nodes
         relinked = touched.nodes | touched.locked
-        for node_id in relinked:  # every parent pointer and lock first, then the counts agree
+        for node_id in touched.nodes:  # every shadow first, then the counts agree
             self._reparent(node_id, nodes.get(node_id))
+        for node_id in touched.locked - touched.nodes:
+            self._relock(node_id, nodes.get(node_id))
         for node_id in touched.nodes:
             found.extend(self._node(node_id, links=True))
         for node_id in touched.locked - touched.nodes:
@@ -216,7 +245,9 @@ class IncrementalChecker:
                 yield Violation("leaf_index", f"leaf index is off at node {node_id}")
         if not links:
             return
-        for message in _node_links(live, node_id, node):
+        indexed = len(node.children) == self.kids.get(node_id, 0) and \
+            node.children == self.index.get(node_id, {})
+        for message in _node_links(live, node_id, node, children=not indexed):
             yield Violation("node_shape", message)
         if len(node.children) != self.kids.get(node_id, 0):
             yield Violation("node_shape", f"node {node_id} indexes {len(node.children)} children, "
@@ -243,8 +274,9 @@ def _entries(record: Any, start: int = 0) -> list[int | None]:
     return [None if index in gone else pages[index] for index in range(start, len(pages))]
 
 
-def _node_links(live: Any, node_id: int, node: Any) -> Iterator[str]:
-    """Shape and links of one node: key vs pages, its parent's index, its children, its pages."""
+def _node_links(live: Any, node_id: int, node: Any, *, children: bool) -> Iterator[str]:
+    """Shape and links of one node: key vs pages, its parent's index, its pages, and (with
+    ``children``: its index differs from its shadow) each child it indexes."""
     nodes, geometry = live.nodes, live.geometry
     size = geometry.page_size
     block = geometry.mode == "block"
@@ -268,6 +300,8 @@ def _node_links(live: Any, node_id: int, node: Any) -> Iterator[str]:
         for page in node.pages:
             if live.page_node.get(page) != node_id:
                 yield f"node {node_id} page {page} is not recorded as its"
+    if not children:
+        return
     for child_key, child_id in node.children.items():
         child = nodes.get(child_id)
         if child is None or child.parent != node_id:
