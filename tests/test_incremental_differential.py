@@ -122,6 +122,8 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[], LiveState], Callable[[LiveState],
         s.holders.__setitem__(1, ("a", "a")), s.touched.pages.add(1))),
     "block-mapped-not-held": ("table_refs_live", block_base, lambda s: (
         s.holders.__setitem__(2, (0,)), s.touched.pages.add(2))),
+    "block-page-held-by-another-request": ("refcounts", block_base, lambda s: (
+        s.holders.__setitem__(2, ("b",)), s.touched.pages.add(2))),
     "block-node-without-copy": ("node_shape", block_base, lambda s: (
         _set(s.nodes[1], "pages", ()), s.touched.nodes.add(1))),
 }

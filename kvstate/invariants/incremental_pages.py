@@ -18,16 +18,22 @@ from kvstate.invariants.registry import Violation
 from kvstate.records import RequestId
 from kvstate.state import DETACHED
 
+_POOL_HOLD = (DETACHED,)  # a page held by a bare allocator call (radix) or the pool (block)
+
 
 def suspect_pages(live: Any, mapped_by: dict[int, set[RequestId]], pages: set[int]) -> list[int]:
-    """The pages of ``pages`` that ``page_violations`` must look at: in radix mode, all but those
-    a quick test proves clean (free and unmapped; held by one request that alone maps
-    it, or DETACHED and unmapped; a tree page its node lists, with the right count of
-    holdless mappers).  At page size 1 a prefill touches a page per token, so the
-    usual page costs a few lookups, not a generator; every other case gets the full
-    check, which names the violation."""
-    if live.geometry.mode != "radix":
+    """The pages of ``pages`` that ``page_violations`` must look at: all but those a quick
+    test proves clean.  Radix mode: free and unmapped; held by one request that alone
+    maps it, or DETACHED and unmapped; a tree page its node lists, with the right count
+    of holdless mappers.  Block mode: free and unmapped; held by exactly the requests
+    that map it, or by the pool alone (DETACHED) and unmapped; a cached page its node
+    lists.  At page size 1 a prefill touches a page per token, so the usual page costs
+    a few lookups, not a generator; every other case gets the full check, which names
+    the violation."""
+    mode = live.geometry.mode
+    if mode != "radix" and mode != "block":
         return list(pages)
+    block = mode == "block"
     num_pages = live.geometry.num_pages
     held_by, node_of, free = live.holders.get, live.page_node.get, live.free_pages
     mappers_of, refs_of, nodes = mapped_by.get, live.tree_refs.get, live.nodes
@@ -35,31 +41,35 @@ def suspect_pages(live: Any, mapped_by: dict[int, set[RequestId]], pages: set[in
     suspect: list[int] = []
     for page in pages:
         held, node_id = held_by(page), node_of(page)
-        if (page in free) == (held is not None or node_id is not None) \
-                or not 0 < page <= num_pages:
+        taken = held is not None if block else (held is not None or node_id is not None)
+        if (page in free) == taken or not 0 < page <= num_pages:
             suspect.append(page)  # conservation, or a page outside 1..N
             continue
         mappers = mappers_of(page)
         if held is None:
             unheld = len(mappers) if mappers else 0
-        elif len(held) == 1:
-            holder = held[0]
-            if holder == DETACHED and not isinstance(holder, str):
-                if mappers:
-                    suspect.append(page)
-                    continue
-            elif not mappers or len(mappers) != 1 or holder not in mappers:
+        elif held == _POOL_HOLD:
+            if mappers:
                 suspect.append(page)
                 continue
+            unheld = 0
+        elif block:  # the requests holding it are exactly those mapping it, once each
+            if not mappers or len(held) != len(mappers) or mappers != set(held):
+                suspect.append(page)
+                continue
+            unheld = 0
+        elif len(held) == 1 and mappers and len(mappers) == 1 and held[0] in mappers:
             unheld = 0
         else:
             suspect.append(page)
             continue
-        if node_id is None:
-            if unheld or refs_of(page, 0):
+        if node_id is None or block:
+            if unheld or (not block and refs_of(page, 0)):
                 suspect.append(page)
-            continue
-        if refs_of(page, 0) != unheld:
+                continue
+            if node_id is None:
+                continue
+        elif refs_of(page, 0) != unheld:
             suspect.append(page)
             continue
         listed = node_pages.get(node_id)
