@@ -15,7 +15,8 @@ from numbers import Real
 import attrs
 
 
-def _positive_int(name: str, value: object) -> int:
+def positive_int(name: str, value: object) -> int:
+    """``value`` if it is an int > 0 (not a bool), else ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value <= 0:
@@ -23,7 +24,8 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-def _non_negative_int(name: str, value: object) -> int:
+def non_negative_int(name: str, value: object) -> int:
+    """``value`` if it is an int >= 0 (not a bool), else ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < 0:
@@ -55,12 +57,12 @@ class ModelConfig:
     v_head_dim: int | None = None
 
     def __attrs_post_init__(self) -> None:
-        _positive_int("num_layers", self.num_layers)
-        _positive_int("num_kv_heads", self.num_kv_heads)
-        _positive_int("head_dim", self.head_dim)
-        _positive_int("dtype_bytes", self.dtype_bytes)
+        positive_int("num_layers", self.num_layers)
+        positive_int("num_kv_heads", self.num_kv_heads)
+        positive_int("head_dim", self.head_dim)
+        positive_int("dtype_bytes", self.dtype_bytes)
         if self.v_head_dim is not None:
-            _positive_int("v_head_dim", self.v_head_dim)
+            positive_int("v_head_dim", self.v_head_dim)
 
     @property
     def value_head_dim(self) -> int:
@@ -77,15 +79,15 @@ class ModelConfig:
         return self.num_layers * per_layer
 
     def bytes_per_page(self, page_size: int) -> int:
-        return self.bytes_per_token * _positive_int("page_size", page_size)
+        return self.bytes_per_token * positive_int("page_size", page_size)
 
     def max_tokens(self, budget_bytes: int) -> int:
         """Tokens whose KV fits in ``budget_bytes``."""
-        return _non_negative_int("budget_bytes", budget_bytes) // self.bytes_per_token
+        return non_negative_int("budget_bytes", budget_bytes) // self.bytes_per_token
 
     def max_pages(self, budget_bytes: int, page_size: int) -> int:
         """Whole pages of ``page_size`` tokens that fit in ``budget_bytes``."""
-        budget = _non_negative_int("budget_bytes", budget_bytes)
+        budget = non_negative_int("budget_bytes", budget_bytes)
         return budget // self.bytes_per_page(page_size)
 
     def static_pool_tokens(
@@ -97,8 +99,8 @@ class ModelConfig:
         ``available_bytes`` what is free after.  Returns the tokens that fit in
         ``rest`` (0 when the rest is negative).
         """
-        total = _non_negative_int("total_bytes", total_bytes)
-        available = _non_negative_int("available_bytes", available_bytes)
+        total = non_negative_int("total_bytes", total_bytes)
+        available = non_negative_int("available_bytes", available_bytes)
         fraction = _fraction("mem_fraction_static", mem_fraction_static)
         rest = available - total * (1 - fraction)
         if rest <= 0:
@@ -108,13 +110,13 @@ class ModelConfig:
 
 def align_to_page(token_count: int, page_size: int) -> int:
     """Round ``token_count`` down to whole pages, as SGLang sizes its pool."""
-    tokens = _non_negative_int("token_count", token_count)
-    return tokens // _positive_int("page_size", page_size) * page_size
+    tokens = non_negative_int("token_count", token_count)
+    return tokens // positive_int("page_size", page_size) * page_size
 
 
 def default_max_num_reqs(max_total_tokens: int, context_len: int) -> int:
     """SGLang's default request-row count: ``min(max(T / ctx * 512, 2048), 4096)``."""
-    tokens = _non_negative_int("max_total_tokens", max_total_tokens)
-    context = _positive_int("context_len", context_len)
+    tokens = non_negative_int("max_total_tokens", max_total_tokens)
+    context = positive_int("context_len", context_len)
     scaled = Fraction(tokens, context) * 512
     return int(min(max(scaled, Fraction(2048)), Fraction(4096)))

@@ -106,6 +106,9 @@ CORRUPTIONS: dict[str, tuple[str, Callable[[], LiveState], Callable[[LiveState],
         s.nodes[0].children.__setitem__(5, 99), s.touched.nodes.add(0))),
     "a-held-page-mapped-by-a-second-request": ("table_refs_live", radix_base, lambda s: (
         s.requests[1].pages.__setitem__(1, 3), s.tree_refs.pop(2), s.touched.table(1, 1))),
+    "node-with-an-empty-key": ("node_shape", radix_base, lambda s: (
+        _set(s.nodes[1], "key", ()), _set(s, "protected_size", s.protected_size - 2),
+        s.touched.nodes.add(1))),
     "committed-past-allocated": ("request_lengths", radix_base, lambda s: (
         _set(s.requests[2], "committed", 5), s.touched.table(2, 0))),
     "tree-refs-index-off": ("table_refs_live", radix_base, lambda s: (

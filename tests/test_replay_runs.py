@@ -125,3 +125,14 @@ def test_a_vllm_log_summary_is_the_same_on_both_backends():
         summary.pop("seconds"), summary.pop("events_per_second")
     assert live == persistent
     assert live["peak_pages_used"] > 0 and live["block_hits"] > 0
+
+
+@pytest.mark.parametrize("options", [{"check_every": -1}, {"check_every": True},
+                                     {"check_every": "1"}, {"until": -3}, {"until": 2.5},
+                                     {"progress_every": 0}])
+def test_absurd_replay_options_are_refused_before_reading(tmp_path, options):
+    path, _ = _workload_log(tmp_path)
+    with LogReader(path) as reader:
+        with pytest.raises(ValueError, match="must be"):
+            replay(reader, **options)
+        assert reader.events_read == 0  # nothing was read

@@ -185,12 +185,6 @@ def _node_shape(state: State) -> Iterator[str]:
     no empty leaf, children indexed by (tokens, extra keys).
     """
     size = state.geometry.page_size
-    if state.geometry.mode == "block":
-        def key_of(node: Any) -> Any:
-            return block_child_key(node.key, node.extra)
-    else:
-        def key_of(node: Any) -> Any:
-            return state.geometry.child_key(node.key)
     for node_id, node in state.nodes.items():
         if node_id == ROOT:
             continue
@@ -203,17 +197,26 @@ def _node_shape(state: State) -> Iterator[str]:
                 yield f"node {node_id} lists a copy twice: {list(node.pages)}"
         elif not node.key or len(node.key) != len(node.pages) * size:
             yield f"node {node_id} key length {len(node.key)} vs {len(node.pages)} pages"
-    yield from _tree_links(state, key_of)
+    yield from _tree_links(state)
 
 
-def _tree_links(state: State, key_of: Any) -> Iterator[str]:
+def node_child_key(geometry: Any, node: Any) -> Any:
+    """The key ``node`` is indexed under in its parent (None for an empty radix key, which
+    the shape check reports: a damaged state is described, never crashes the check)."""
+    if geometry.mode == "block":
+        return block_child_key(node.key, node.extra)
+    return geometry.child_key(node.key) if node.key else None
+
+
+def _tree_links(state: State) -> Iterator[str]:
     """Parent and child links, the child index and page ownership agree both ways."""
+    geometry = state.geometry
     for node_id, node in state.nodes.items():
         if node_id != ROOT:
             parent = state.nodes.get(node.parent)
             if parent is None:
                 yield f"node {node_id} has missing parent {node.parent}"
-            elif parent.children.get(key_of(node)) != node_id:
+            elif parent.children.get(node_child_key(geometry, node)) != node_id:
                 yield f"node {node_id} is not indexed under its key in its parent"
             for page in node.pages:
                 if state.page_node.get(page) != node_id:
@@ -222,7 +225,7 @@ def _tree_links(state: State, key_of: Any) -> Iterator[str]:
             child = state.nodes.get(child_id)
             if child is None or child.parent != node_id:
                 yield f"node {node_id} child {child_id} does not point back"
-            elif key_of(child) != child_key:
+            elif node_child_key(geometry, child) != child_key:
                 yield f"node {node_id} indexes child {child_id} under a wrong key"
     for page, owner_id in state.page_node.items():
         owner = state.nodes.get(owner_id)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from kvstate.invariants.core import node_locks, request_shape
+from kvstate.invariants.core import node_child_key, node_locks, request_shape
 from kvstate.invariants.incremental_pages import page_violations, suspect_pages
 from kvstate.invariants.mamba import check_mamba
 from kvstate.invariants.mamba_incremental import MambaShadow
@@ -30,7 +30,7 @@ from kvstate.invariants.swa import check_swa
 from kvstate.invariants.swa_incremental import SwaShadow
 from kvstate.records import RequestId
 from kvstate.rules.store import Touched
-from kvstate.state import ROOT, block_child_key
+from kvstate.state import ROOT
 
 
 class IncrementalChecker:
@@ -104,7 +104,7 @@ class IncrementalChecker:
                 del index[node_id]
             return
         if node_id != ROOT:
-            parent, lock, key = node.parent, node.lock_ref, self._child_key(node)
+            parent, lock, key = node.parent, node.lock_ref, node_child_key(self.live.geometry, node)
             self.parent_of[node_id] = parent
             self.lock_of[node_id] = lock
             self.key_of[node_id] = key
@@ -119,12 +119,6 @@ class IncrementalChecker:
             return
         self.locks_below[self.parent_of[node_id]] += node.lock_ref - self.lock_of[node_id]
         self.lock_of[node_id] = node.lock_ref
-
-    def _child_key(self, node: Any) -> Any:
-        geometry = self.live.geometry
-        if geometry.mode == "block":
-            return block_child_key(node.key, node.extra)
-        return geometry.child_key(node.key)
 
     def _size(self, node_id: int, node: Any) -> None:
         old = self.sizes.pop(node_id, (0, 0))
@@ -245,13 +239,15 @@ class IncrementalChecker:
                 yield Violation("leaf_index", f"leaf index is off at node {node_id}")
         if not links:
             return
-        indexed = len(node.children) == self.kids.get(node_id, 0) and \
-            node.children == self.index.get(node_id, {})
-        for message in _node_links(live, node_id, node, children=not indexed):
+        kids = self.kids.get(node_id, 0)
+        counted = len(node.children) == kids
+        indexed = counted and node.children == self.index.get(node_id, {})
+        for message in _node_links(live, node_id, node, self.key_of.get(node_id),
+                                   children=not indexed):
             yield Violation("node_shape", message)
-        if len(node.children) != self.kids.get(node_id, 0):
+        if not counted:
             yield Violation("node_shape", f"node {node_id} indexes {len(node.children)} children, "
-                                          f"{self.kids.get(node_id, 0)} nodes name it as parent")
+                                          f"{kids} nodes name it as parent")
 
     def _globals(self) -> Iterator[Violation]:
         live = self.live
@@ -274,16 +270,14 @@ def _entries(record: Any, start: int = 0) -> list[int | None]:
     return [None if index in gone else pages[index] for index in range(start, len(pages))]
 
 
-def _node_links(live: Any, node_id: int, node: Any, *, children: bool) -> Iterator[str]:
-    """Shape and links of one node: key vs pages, its parent's index, its pages, and (with
-    ``children``: its index differs from its shadow) each child it indexes."""
+def _node_links(live: Any, node_id: int, node: Any, key: Any, *,
+                children: bool) -> Iterator[str]:
+    """Shape and links of one node (``key``: its child key, from the shadows): key vs
+    pages, its parent's index, its pages, and (with ``children``: its index differs from
+    its shadow) each child it indexes."""
     nodes, geometry = live.nodes, live.geometry
     size = geometry.page_size
     block = geometry.mode == "block"
-
-    def key_of(record: Any) -> Any:
-        return block_child_key(record.key, record.extra) if block else geometry.child_key(record.key)
-
     if node_id != ROOT:
         if block:
             if len(node.key) != size:
@@ -295,7 +289,7 @@ def _node_links(live: Any, node_id: int, node: Any, *, children: bool) -> Iterat
         parent = nodes.get(node.parent)
         if parent is None:
             yield f"node {node_id} has missing parent {node.parent}"
-        elif parent.children.get(key_of(node)) != node_id:
+        elif parent.children.get(key) != node_id:
             yield f"node {node_id} is not indexed under its key in its parent"
         for page in node.pages:
             if live.page_node.get(page) != node_id:
@@ -306,5 +300,5 @@ def _node_links(live: Any, node_id: int, node: Any, *, children: bool) -> Iterat
         child = nodes.get(child_id)
         if child is None or child.parent != node_id:
             yield f"node {node_id} child {child_id} does not point back"
-        elif key_of(child) != child_key:
+        elif node_child_key(geometry, child) != child_key:
             yield f"node {node_id} indexes child {child_id} under a wrong key"
