@@ -32,6 +32,17 @@ define ``rolled_back(events)``: the events of a batch that failed part way,
 which the engine has undone (``before`` saw them, ``after`` never will).  A
 plain callable ``fn(event, view)`` is called per event from ``after`` (it then
 sees the state after the whole batch).
+
+When something fails inside a batch: a ``before`` that raises makes the
+listeners that already prepared for that event hear ``discard``; a rule that
+raises anything but ``InvalidEvent`` may have written part of its event, so
+the batch is rolled back even if that was its first event (and even if the
+block caught the error); a ``discard`` or ``rolled_back`` that raises detaches
+its listener, with a note on the error being raised.  ``after`` must not
+change the engine (``RuntimeError``, so the listener is detached): a batch
+committed from there would reach the listeners after it before the batch
+that caused it.  ``engine.state`` read inside a batch shows the batch so
+far, without moving the baseline a rollback starts from.
 """
 
 from __future__ import annotations
@@ -87,6 +98,8 @@ class Engine:
         self._befores: list[tuple[Any, frozenset[type] | None]] = []
         self._broken: BaseException | None = None
         self._batch: list[Event] | None = None
+        self._rule_failed = False  # a rule raised something other than InvalidEvent
+        self._committing = False  # listeners' ``after`` hooks are running
         self._reset_to(state)
 
     def _reset_to(self, state: State) -> None:
@@ -118,8 +131,12 @@ class Engine:
                 frozen = apply_valid(frozen, event)
         else:
             frozen = live.freeze()
-        self._frozen = frozen
-        self._journal = []
+        if self._batch is None:
+            # Inside a batch the last frozen state stays the baseline: a batch that fails
+            # part way is rolled back by re-applying the journal up to its start onto it,
+            # and a state frozen now would already hold some of the batch's events.
+            self._frozen = frozen
+            self._journal = []
         return frozen
 
     @property
@@ -194,7 +211,8 @@ class Engine:
         and the events since it are known) and otherwise refuses further use
         (``EngineBroken``).
         """
-        self._check_can_open()
+        if self._batch is not None or self._broken is not None or self._committing:
+            self._check_can_open()  # raises (checked inline: a batch opens once per call)
         return Batch(self)
 
     def _check_can_open(self) -> None:
@@ -202,6 +220,10 @@ class Engine:
             raise EngineBroken(f"engine unusable after an earlier failure: {self._broken}")
         if self._batch is not None:
             raise RuntimeError("batches do not nest; emit into the open batch")
+        if self._committing:
+            # A listener changing the engine from ``after`` would commit its events before
+            # the listeners after it heard of the batch that caused them: out of order.
+            raise RuntimeError("a listener's after() cannot change the engine it listens to")
 
     def _open_batch(self) -> tuple[State, int, int | None]:
         self._batch = []
@@ -212,15 +234,24 @@ class Engine:
     def _close_batch(self, start: tuple[State, int, int | None], failed: BaseException | None
                      ) -> None:
         events, self._batch = self._batch, None
+        rule_failed, self._rule_failed = self._rule_failed, False
+        caught = failed is None and rule_failed  # the block caught a rule's failure, went on
+        if caught:
+            failed = RuntimeError("a rule failed inside this batch, which was rolled back")
         if failed is not None:
-            if events:
+            if events or rule_failed:
                 try:
                     self._roll_back(*start, failed)
                 finally:
-                    for listener in self._listeners:
+                    for listener in self._listeners if events else ():
                         hook = getattr(listener, "rolled_back", None)
                         if hook is not None:
-                            hook(events)
+                            try:
+                                hook(events)
+                            except Exception as exc:
+                                self._detach_after_hook(listener, "rolled_back", exc, failed)
+            if caught:
+                raise failed
             return
         if events:
             self._commit(events)
@@ -232,27 +263,52 @@ class Engine:
             raise RuntimeError("emit needs an open batch (engine.batch())")
         live = self._live
         befores = self._befores
+        kind = type(event)
         if befores:
             view = live if live is not None else self._current
-            kind = type(event)
-            for listener, kinds in befores:
-                if kinds is None or kind in kinds:
-                    listener.before(event, view)
+            prepared = 0  # the listeners whose ``before`` has seen this event
+            try:
+                for listener, kinds in befores:
+                    if kinds is None or kind in kinds:
+                        listener.before(event, view)
+                    prepared += 1
+            except BaseException as exc:
+                self._discard(befores[:prepared], event, exc)
+                raise
         try:
             if live is not None:
                 live.apply(event)
             else:
                 self._current = apply_valid(self._current, event)
-        except InvalidEvent:
-            kind = type(event)
-            for listener, kinds in befores:  # the event did not happen: forget what was prepared
-                if kinds is None or kind in kinds:
-                    listener.discard(event)
+        except BaseException as exc:
+            if not isinstance(exc, InvalidEvent):
+                # Not a refusal but a failure inside the rule, which may have written part
+                # of the event: the batch is rolled back even if this was its first event.
+                self._rule_failed = True
+            self._discard(befores, event, exc)  # the event did not happen
             raise
         journal = self._journal
         if journal is not None:
             journal.append(event)
         batch.append(event)
+
+    def _discard(self, befores: Sequence[tuple[Any, frozenset[type] | None]], event: Event,
+                 failure: BaseException) -> None:
+        """Tell the listeners that prepared for ``event`` that it did not happen; one whose
+        ``discard`` fails is detached (noted on ``failure``, which the caller raises)."""
+        kind = type(event)
+        for listener, kinds in befores:
+            if kinds is None or kind in kinds:
+                try:
+                    listener.discard(event)
+                except Exception as exc:
+                    self._detach_after_hook(listener, "discard", exc, failure)
+
+    def _detach_after_hook(self, listener: Any, hook: str, exc: Exception,
+                           failure: BaseException) -> None:
+        if listener in self._listeners:
+            self.unsubscribe(listener)
+        failure.add_note(f"listener {listener!r} failed in {hook} ({exc!r}) and was detached")
 
     def commit_events(self, events: Sequence[Event]) -> None:
         """Well-typed events already decided, as one batch: what ``with engine.batch() as b:``
@@ -289,13 +345,17 @@ class Engine:
                 self._verify()
         failures: list[ListenerError] | None = None
         view = self._live if self._live is not None else self._current
-        for listener in self._listeners:
-            try:
-                listener.after(events, view)
-            except Exception as exc:  # a failing listener is detached, the others still run
-                self.unsubscribe(listener)
-                failures = failures or []
-                failures.append(ListenerError(listener, exc))
+        self._committing = True
+        try:
+            for listener in self._listeners:
+                try:
+                    listener.after(events, view)
+                except Exception as exc:  # a failing listener is detached, the others still run
+                    self.unsubscribe(listener)
+                    failures = failures or []
+                    failures.append(ListenerError(listener, exc))
+        finally:
+            self._committing = False
         if failures:
             raise failures[0]
 
@@ -362,6 +422,8 @@ class Batch:
 
     def __enter__(self) -> Batch:
         engine = self.engine
+        if engine._batch is not None or engine._broken is not None or engine._committing:
+            engine._check_can_open()  # a batch made earlier: still one at a time, never broken
         self._start = engine._open_batch()
         live = engine._live
         self.state = live if live is not None else engine._current

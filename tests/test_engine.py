@@ -78,6 +78,24 @@ def test_a_failed_batch_rolls_back():
     assert engine.view.fingerprint() == before and engine.state.fingerprint() == before
 
 
+@pytest.mark.parametrize("backend", ["live", "persistent"])
+def test_a_state_frozen_inside_a_batch_does_not_survive_its_rollback(backend):
+    # A reader (a listener's ``before``, a mirror) may freeze the state part way through
+    # a batch; the batch's own events must still be undone when a later one is refused.
+    engine = Engine(GEOMETRY, backend=backend)
+    _run(engine)
+    before = engine.state.fingerprint()
+    with pytest.raises(InvalidEvent), engine.batch() as b:
+        b.emit(ev.ReqAlloc((2,)))
+        inside = engine.state
+        assert 2 in inside.requests  # the freeze shows the batch so far
+        b.emit(ev.Free((1,)))
+    assert engine.view.fingerprint() == before and engine.state.fingerprint() == before
+    assert 2 not in engine.state.requests
+    engine.apply(ev.ReqAlloc((2,)))  # and the engine goes on from the state before the batch
+    assert 2 in engine.state.requests and check(engine.state) == []
+
+
 def test_listeners_hear_of_a_rolled_back_batch():
     engine = Engine(GEOMETRY)
     _run(engine)
