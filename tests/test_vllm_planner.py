@@ -83,7 +83,7 @@ def test_hits_a_caller_passes_are_checked_before_anything() -> None:
                    caching=caching, found_here=found_here)
 
     check([1, 2])
-    check([NULL, 2])  # a null keeps its position
+    check([NULL, 2], window=4)  # 8 computed, window 4: block 0 is skipped, a null keeps it
     check([], running=Running(1, 1))
     check([3], found_here=True)  # the caller's own lookup: no per-block check
     check([NULL], window=4, caching=False)  # 8 computed, window 4: block 0 is skipped
@@ -100,7 +100,9 @@ def test_hits_a_caller_passes_are_checked_before_anything() -> None:
         ([1, 1], {}, "block 1 is not a cached copy of block 1"),
         ([3], {}, "block 3 is not a cached copy of block 0"),  # another prefix's block
         ([4], {}, "block 4 is not a cached copy of block 0"),  # in use, not cached
-        ([NULL, 7], {}, "block 7 is not a cached copy of block 1"),  # free, never cached
+        ([NULL, 7], {"window": 4}, "block 7 is not a cached copy of block 1"),  # never cached
+        ([NULL, 2], {}, "hit block 0 of request 'b' is the null block"),  # full attention
+        ([1, NULL], {"window": 4}, "hit block 1 .* is the null block"),  # inside the window
     ]
     for hits, options, message in refusals:
         with pytest.raises(ValueError, match=message):

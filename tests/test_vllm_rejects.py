@@ -229,3 +229,50 @@ def test_a_failing_listener_leaves_the_manager_in_step_with_its_state(layout: st
                               enable_kv_cache_events=True, hash_seed="0")
 
     assert _serve(build(), failing=True) == _serve(build(), failing=False)
+
+
+def test_a_null_block_hit_inside_what_the_request_reads_is_refused() -> None:
+    # Full attention reads every earlier token: a null hit would claim tokens held nowhere.
+    manager = KVCacheManager(12, BS, 64)
+    null = manager.block_pool.null_block
+    before = snapshot(manager)
+    with pytest.raises(ValueError, match="is the null block"):
+        manager.allocate_slots(Request("a", list(range(10)), BS), 2, 8,
+                               KVCacheBlocks(((null, null),)))
+    assert snapshot(manager) == before and check(manager.engine.state) == []
+
+
+@pytest.mark.parametrize("forged_id", [1.0, True, -1, 99])
+def test_a_forged_block_view_is_refused_with_nothing_changed(forged_id: Any) -> None:
+    from kvstate.vllm.block_pool import KVCacheBlock
+
+    manager = KVCacheManager(12, BS, 64)
+    pool = manager.block_pool
+    pool.get_new_blocks(1)
+    before = snapshot(manager)
+    forged = KVCacheBlock(forged_id, pool.engine, pool.hashes)
+    for call in (pool.free_blocks, pool.touch):
+        with pytest.raises(TypeError, match="not a block of this pool"):
+            call([forged])
+        assert snapshot(manager) == before
+    with pytest.raises(AttributeError):
+        pool.blocks[1].block_id = 5  # type: ignore[misc]  # views are read-only
+    assert pool.blocks[1].block_id == 1
+
+
+def test_caching_a_request_hashed_with_another_seed_is_refused() -> None:
+    manager = KVCacheManager(12, BS, 64, enable_kv_cache_events=True)
+    request = Request("a", list(range(12)), BS)
+    manager.allocate_slots(request, 8, num_lookahead_tokens=4)
+    request.num_computed_tokens = 8
+    manager.take_events()  # the two blocks the allocation cached
+    before = snapshot(manager)
+    foreign = Request("a", list(range(12)), BS, hash_seed=123)
+    with pytest.raises(ValueError, match="hash_seed"):
+        manager.cache_blocks(foreign, 12)
+    blocks = [manager.block_pool.blocks[page] for page in manager.get_block_ids("a")[0]]
+    with pytest.raises(ValueError, match="hash_seed"):
+        manager.block_pool.cache_full_blocks(foreign, blocks, 2, 3, BS)
+    assert snapshot(manager) == before and manager.take_events() == []
+    manager.cache_blocks(request, 12)  # the request's own hashes are fine
+    assert manager.block_pool.get_cached_block(request.block_hashes[2], [0]) is not None

@@ -121,12 +121,15 @@ def blocks_to_allocate(state: Any, request_id: RequestId, running: bool, num_tok
 
 def check_hits(state: Any, request_id: RequestId, chain: BlockChain, running: Running | None,
                hits: Sequence[int], num_local: int, *, window: int | None, caching: bool,
-               found_here: bool = False) -> None:
+               found_here: bool = False, real_from: int | None = None) -> None:
     """``ValueError`` unless ``hits`` can be the ``get_computed_blocks`` hit of a new request.
 
     Each real hit must be a cached copy of the node at its chain position
     (the node its parent indexes under the chain's key there), once; a
-    running request or one that already has blocks takes none.
+    running request or one that already has blocks takes none.  The null
+    block stands only for a position the request no longer reads: none from
+    ``real_from`` on (default: the window's first block, every position for
+    full attention).
     ``found_here``: the caller's own lookup returned ``hits`` for this chain
     in this very state, so the per-block check is skipped (the others are not).
     """
@@ -149,8 +152,12 @@ def check_hits(state: Any, request_id: RequestId, chain: BlockChain, running: Ru
         return
     page_node, nodes = state.page_node, state.nodes
     seen: set[int] = set()
+    first_read = skipped if real_from is None else real_from
     for position, page in enumerate(hits):
         if page == NULL:
+            if position >= first_read:  # tokens the request attends to, in no block
+                raise ValueError(f"hit block {position} of request {request_id!r} is the null "
+                                 "block, inside what the request still reads")
             continue
         node_id = page_node.get(page, -1)
         node = nodes.get(node_id)

@@ -77,11 +77,13 @@ def plan_hybrid_allocate(b: Builder, layout: HybridLayout, holders: Sequence[str
     """
     state = b.state
     rules = layout.rules
+    size = state.geometry.page_size
     if hits is not None:
         for group, rule in enumerate(rules):
             check_hits(state, holders[group], request.group_chain(group), cursors[group].cached,
                        hits[group], num_local, window=rule.window or None,
-                       caching=layout.caching, found_here=hits_found_here)
+                       caching=layout.caching, found_here=hits_found_here,
+                       real_from=max(0, skipped_blocks(rule, num_local, size)))
     hashes = request.block_hashes
     if full_tokens is not None and blocks_needed(
             state, layout, holders, hashes, cursors, hits, num_tokens=full_tokens,
@@ -95,7 +97,6 @@ def plan_hybrid_allocate(b: Builder, layout: HybridLayout, holders: Sequence[str
                      main_tokens=main_tokens, total_computed=num_local, admission=False,
                      fresh=fresh) > len(state.free_pages):
         return None, cursors, ()
-    size = state.geometry.page_size
     if hits is not None and not any(map(CACHED, cursors)):
         cursors = _hold_hits(b, layout, holders, cursors, hits, num_local, size)
     required = -(-need_slots // size)

@@ -43,7 +43,7 @@ from kvstate.vllm.kv_events import KVCacheEvent
 from kvstate.vllm.request import Request
 
 
-class KVCacheBlock(msgspec.Struct, gc=False, eq=False):
+class KVCacheBlock(msgspec.Struct, gc=False, eq=False, frozen=True):
     """A read-only view of block ``block_id``; its fields are read from the pool's state.
 
     A view holds the pool's engine and hash listener, not the pool: the pool holds its
@@ -207,6 +207,8 @@ class BlockPool:
                              f"{self.hash_block_size} (one block size only)")
         if num_cached_blocks < 0:
             raise ValueError(f"num_cached_blocks must be >= 0, got {num_cached_blocks}")
+        if request.hash_seed != self.hashes.hash_seed or request.hash_algo != self.hashes.hash_algo:
+            raise ValueError("request hash_seed/hash_algo differ from the pool's")
         if len(request.block_hashes) < num_full_blocks:
             raise ValueError(f"request {request.request_id!r} has {len(request.block_hashes)} "
                              f"hashed blocks, fewer than {num_full_blocks} full blocks to cache")
@@ -266,7 +268,9 @@ class BlockPool:
             pass
         out = []
         for block in blocks:
-            if not isinstance(block, KVCacheBlock) or block._hashes is not self.hashes:
+            if not isinstance(block, KVCacheBlock) or block._hashes is not self.hashes \
+                    or type(block.block_id) is not int \
+                    or not 0 <= block.block_id < self.num_gpu_blocks:
                 raise TypeError(f"{block!r} is not a block of this pool")
             if keep_null or block.block_id != 0:
                 out.append(block.block_id)

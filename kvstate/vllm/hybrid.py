@@ -208,6 +208,7 @@ class HybridKVCacheManager(HybridReads):
         """
         if not self.enable_caching:
             return
+        self._check_request(request)  # its hashes must be the ones the tree is keyed by
         request_id = request.request_id
         self.idle_steps.drop(request_id)
         holders = self._holders(request_id)

@@ -268,6 +268,7 @@ class KVCacheManager:
 
         Commits one ``BlockCache`` when there is a new full block.
         """
+        self._check_request(request)  # its hashes must be the ones the tree is keyed by
         request_id = request.request_id
         with CallBatch(self.engine, self.block_pool.hashes, request) as b:
             running = plan_cache_blocks(b, request_id, request, self.running.get(request_id),
