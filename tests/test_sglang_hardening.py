@@ -158,3 +158,96 @@ def test_alloc_decode_refuses_a_last_loc_outside_the_pool(swa: bool) -> None:
         with pytest.raises(ValueError, match="last_loc"):
             allocator.alloc_decode(seq_lens, last_loc)
         assert allocator.engine.view.fingerprint() == before
+
+
+@pytest.mark.parametrize("swa", [False, True])
+def test_alloc_extend_refuses_a_last_loc_outside_the_pool(swa: bool) -> None:
+    from kvstate.sglang.allocator import PagedTokenToKVPoolAllocator
+    from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
+
+    allocator = (SWATokenToKVPoolAllocator(32, 32, 4) if swa
+                 else PagedTokenToKVPoolAllocator(32, 4))
+    before = allocator.engine.view.fingerprint()
+    with pytest.raises(ValueError, match="last_loc"):
+        allocator.alloc_extend([2], [5], [4001])  # as alloc_decode refuses it
+    assert allocator.engine.view.fingerprint() == before
+    if not swa:
+        assert allocator.alloc_extend([2], [5], [5]).tolist() == [6, 7, 4]
+
+
+def test_lock_refs_take_only_int_node_ids():
+    import numpy as np
+
+    from kvstate import apply_all
+    from kvstate.sglang import TreeNode
+
+    pool, _, cache = build()
+    cache.insert([1, 2, 3])
+    node_id = cache.match_prefix([1, 2, 3])[1].id
+    for bad in (float(node_id), True):
+        with unchanged(pool), pytest.raises(TypeError, match="tree node id"):
+            cache.inc_lock_ref(TreeNode(cache, bad))
+    cache.inc_lock_ref(TreeNode(cache, np.int64(node_id)))  # a numpy int is an int
+    cache.dec_lock_ref(TreeNode(cache, np.int64(node_id)))
+    assert all(type(event.node) is int for event in cache.events if hasattr(event, "node"))
+    assert apply_all(cache.engine.initial_state, cache.events).fingerprint() == \
+        cache.state.fingerprint()
+
+
+def test_a_hybrid_receipt_takes_only_int_ids():
+    import numpy as np
+
+    from kvstate.sglang.hybrid_req import SWA, HybridLock, HybridReceipt
+
+    for receipt in (HybridReceipt(1.5), HybridReceipt(True),
+                    HybridReceipt(2, {SWA: 2.0})):
+        with pytest.raises(TypeError):
+            HybridLock(None, receipt).planned()
+    planned = HybridLock(None, HybridReceipt(np.int64(2), {SWA: np.int64(3)})).planned()
+    assert (type(planned.node), type(planned.uuid)) == (int, int)
+
+
+@pytest.mark.parametrize("swa", [False, True])
+def test_a_refused_clear_or_group_end_keeps_the_open_free_group(swa: bool) -> None:
+    from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
+
+    pool, allocator, cache = build(num_tokens=16)
+    if swa:
+        allocator = SWATokenToKVPoolAllocator(16, 16, 1)
+        pool = None
+    full = allocator.available_size()
+    held = allocator.alloc(2)
+    row = None
+    if pool is not None:  # an open row: the reset must be refused
+        row = pool.alloc(1)
+    else:
+        allocator.alloc(1)  # SWA: a free group end with a double free is refused below
+    allocator.free_group_begin()
+    allocator.free(held)
+    if row is not None:
+        fingerprint = allocator.engine.state.fingerprint()
+        with pytest.raises(InvalidEvent):
+            allocator.clear()
+        assert allocator.engine.state.fingerprint() == fingerprint
+        allocator.free_group_end()  # the group is still open, with the slots it parked
+        assert allocator.available_size() == full
+        return
+    allocator.free(held[:1])  # parked twice: the group's end is a double free
+    fingerprint = allocator.engine.state.fingerprint()
+    with pytest.raises((InvalidEvent, ValueError)):
+        allocator.free_group_end()
+    assert allocator.engine.state.fingerprint() == fingerprint
+    with pytest.raises(RuntimeError, match="nested"):
+        allocator.free_group_begin()  # still open: nothing it parked was lost
+
+
+def test_restore_state_takes_only_a_backup_of_its_own_engine():
+    pool, allocator, _ = build(num_tokens=16)
+    other = build(num_tokens=16)[1]
+    allocator.alloc(4)
+    with unchanged(pool), pytest.raises(ValueError, match="this allocator's engine"):
+        allocator.restore_state(other.backup_state())
+    backup = allocator.backup_state()
+    allocator.alloc(2)
+    allocator.restore_state(backup)
+    assert allocator.available_size() == 12

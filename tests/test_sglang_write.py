@@ -99,3 +99,15 @@ def test_writes_the_state_refuses_change_nothing():
         pool.write((rows, [5, 7]), [int(fresh[0]), int(fresh[0]) + 1])  # a gap in row 2
     with unchanged(pool), pytest.raises(InvalidEvent):
         pool.write((1, slice(0, 1)), fresh)  # row 1 is not allocated
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int64])
+def test_write_with_index_tensors_numpy_cannot_view(dtype):
+    # A lazily negated tensor has no numpy view: the table is written from the checked ints.
+    pool, allocator, _ = build(num_tokens=16, rows=4, width=8)
+    rows = pool.alloc(2)
+    slots = allocator.alloc(2)
+    negated = torch._neg_view(torch.tensor([-rows[0], -rows[1]], dtype=dtype))
+    pool.write((negated, torch.tensor([0, 0])), slots)
+    assert pool.verify() == []
+    assert [int(pool.req_to_token[row, 0]) for row in rows] == slots.tolist()

@@ -24,6 +24,7 @@ import torch
 
 from kvstate.backends.persistent import apply
 from kvstate.engine import Engine
+from kvstate.errors import ListenerError
 from kvstate.events import Allocate, Event, Free, Reset
 from kvstate.planner.alloc import decode_slots, extend_slots, new_pages_for_extend
 from kvstate.sglang.binding import FrontEndMixin, engine_for_allocator
@@ -44,9 +45,11 @@ _INT32_SLOTS = 1 << 31  # req_to_token is int32: every slot id must fit
 
 @attrs.frozen
 class AllocatorBackup:
-    """Opaque result of ``backup_state``: the state at that moment (O(1), shared)."""
+    """Opaque result of ``backup_state``: the state at that moment (O(1), shared), and the
+    engine it was taken from (a backup restores only there)."""
 
     state: State
+    engine: Engine = attrs.field(eq=False, repr=False)
 
 
 class TokenToKVPoolAllocator(FrontEndMixin):
@@ -157,23 +160,35 @@ class TokenToKVPoolAllocator(FrontEndMixin):
         ``FreeMapped`` in SGLang's order (the ``free`` calls, then the page-id calls)."""
         if self._group is None:
             raise RuntimeError("free_group_end without free_group_begin")
-        slot_lists, page_lists = self._group
+        parked = self._group
+        slot_lists, page_lists = parked
         self._group = None
         groups: list[Group] = []
-        if slot_lists:
-            groups.append(self._free_order([s for slots in slot_lists for s in slots]))
-        if page_lists:
-            groups.append(([p for pages in page_lists for p in pages], True))
-        if groups:
-            self._free(groups)
+        try:
+            if slot_lists:
+                groups.append(self._free_order([s for slots in slot_lists for s in slots]))
+            if page_lists:
+                groups.append(([p for pages in page_lists for p in pages], True))
+            if groups:
+                self._free(groups)
+        except ListenerError:
+            raise  # the frees were committed; a listener failed after them
+        except BaseException:
+            self._group = parked  # refused: the group stays open with what it parked
+            raise
 
     def clear(self) -> None:
-        """Every page free again; needs an empty tree and no open row.  Commits ``Reset("pages")``."""
+        """Every page free again; needs an empty tree and no open row.  Commits ``Reset("pages")``
+        (an open free group is dropped with it, and kept when the reset is refused)."""
+        try:
+            self._commit([Reset("pages")])
+        except ListenerError:
+            self._group = None  # the reset was committed; a listener failed after it
+            raise
         self._group = None
-        self._commit([Reset("pages")])
 
     def backup_state(self) -> AllocatorBackup:
-        return AllocatorBackup(self.engine.state)
+        return AllocatorBackup(self.engine.state, self.engine)
 
     def restore_state(self, backup: AllocatorBackup) -> None:
         """Give back pages allocated since ``backup`` and still unused, in their old order.
@@ -181,6 +196,8 @@ class TokenToKVPoolAllocator(FrontEndMixin):
         Exact when nothing was freed in between; pages freed in between stay
         free.  Commits ``Free`` (at the head).
         """
+        if not isinstance(backup, AllocatorBackup) or backup.engine is not self.engine:
+            raise ValueError("restore_state takes a backup_state() of this allocator's engine")
         view = self.engine.view
         holders, current = view.holders, view.free_pages
         pages = [p for p in backup.state.free_pages
@@ -261,7 +278,8 @@ class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):
         bound = bind_forms("alloc_extend", args, kwargs, extend_form_0523, extend_form)
         prefixes = int_list(bound["prefix_lens"], "prefix_lens")
         seqs = int_list(bound["seq_lens"], "seq_lens")
-        lasts = int_list(bound["last_loc"], "last_loc", low=-1)
+        lasts = int_list(bound["last_loc"], "last_loc", low=-1,  # as alloc_decode bounds it
+                         high=(self.engine.geometry.num_pages + 1) * self.page_size - 1)
         if not len(prefixes) == len(seqs) == len(lasts):
             raise ValueError("prefix_lens, seq_lens and last_loc must have one entry per request")
         size = self.page_size

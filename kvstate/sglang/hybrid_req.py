@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstate.planner.swa_match import Receipt
-from kvstate.sglang.inputs import int_list
+from kvstate.sglang.inputs import as_int, int_list
 from kvstate.state import ROOT
 
 SWA = "SWA"  # the component name 0.5.23 keys its cursors by (ComponentType.SWA)
@@ -97,8 +97,12 @@ class HybridLock:
     swa_released: bool = False
 
     def planned(self) -> Receipt:
-        node_id = self.receipt.node_id or ROOT
-        uuid = self.receipt.component_lock_uuids.get(SWA) or 0
+        """The receipt as the planner takes it (``TypeError`` / ``ValueError`` for a node id
+        or a uuid that is not an int: they go into events as they are)."""
+        node_id = self.receipt.node_id
+        node_id = ROOT if node_id is None else as_int(node_id, "receipt node id")
+        uuid = self.receipt.component_lock_uuids.get(SWA)
+        uuid = 0 if uuid is None else as_int(uuid, "SWA lock uuid")
         return Receipt(node_id, uuid, node_id != ROOT and not self.swa_released)
 
 

@@ -218,7 +218,7 @@ class RadixCache(RequestFlows, FrontEndMixin):
             return ROOT
         if not isinstance(node, TreeNode) or node._cache is not self:
             raise TypeError(f"{node!r} is not a node of this cache")
-        return node.id
+        return as_int(node.id, "tree node id")  # a node's id goes into events as it is
 
     def _lock(self, node_id: int, event_type: type[Lock] | type[Unlock]) -> int:
         if self.disable or node_id == ROOT:

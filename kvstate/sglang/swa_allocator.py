@@ -150,7 +150,8 @@ class SWATokenToKVPoolAllocator(SwaFreesMixin, FrontEndMixin):
         bound = bind_forms("alloc_extend", args, kwargs, extend_form_0523, extend_form)
         prefixes = int_list(bound["prefix_lens"], "prefix_lens")
         seqs = int_list(bound["seq_lens"], "seq_lens")
-        lasts = int_list(bound["last_loc"], "last_loc", low=-1)
+        lasts = int_list(bound["last_loc"], "last_loc", low=-1,  # as alloc_decode bounds it
+                         high=(self.engine.geometry.num_pages + 1) * self.page_size - 1)
         if not len(prefixes) == len(seqs) == len(lasts):
             raise ValueError("prefix_lens, seq_lens and last_loc need one entry per request")
         size = self.page_size

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstate.engine import Engine
+from kvstate.errors import ListenerError
 from kvstate.events import Event, Reset, SwaFree
 from kvstate.sglang.frees import Group, free_events
 from kvstate.sglang.inputs import as_int, int_list
@@ -84,19 +85,30 @@ class SwaFreesMixin:
         if self._group is None:
             raise RuntimeError("free_group_end without free_group_begin")
         group, self._group = self._group, None
-        events: list[Event] = []
-        for kind in ("swa_ids", "swa_set", "full", "full_ids"):
-            items = [item for chunk in group[kind] for item in chunk]
-            if items:
-                events.extend(self._events(kind, items))
-        if events:
-            self._commit(events)
+        try:
+            events: list[Event] = []
+            for kind in ("swa_ids", "swa_set", "full", "full_ids"):
+                items = [item for chunk in group[kind] for item in chunk]
+                if items:
+                    events.extend(self._events(kind, items))
+            if events:
+                self._commit(events)
+        except ListenerError:
+            raise  # the frees were committed; a listener failed after them
+        except BaseException:
+            self._group = group  # refused: the group stays open with what it parked
+            raise
 
     def clear(self) -> None:
         """Every page of both pools free again (needs an empty tree and no open row).
-        Commits ``Reset("pages")``."""
+        Commits ``Reset("pages")``; an open free group is dropped with it, and kept when the
+        reset is refused."""
+        try:
+            self._commit([Reset("pages")])
+        except ListenerError:
+            self._group = None  # the reset was committed; a listener failed after it
+            raise
         self._group = None
-        self._commit([Reset("pages")])
 
     # -- free helpers ---------------------------------------------------------------------
     def _segment_start(self, start_pos: int) -> None:

@@ -106,14 +106,13 @@ class TableMirror:
                 self._array[int(event.request), event.start: event.start + len(event.slots)] = \
                     arrays[0]
             return
-        device = self.table.device
+        # Anything else (a device table, a tensor with no numpy view: a lazy negation, a
+        # small or unsigned index dtype that torch would refuse or read as a mask) is written
+        # from the event's ints, which are what the pool checked and the engine committed.
         if isinstance(event, Scatter):
-            rows, positions, values = (t.to(device) for t in tensors)
-            self.table[rows, positions] = values.to(torch.int32)
-        elif isinstance(event, Assign):
-            start = event.start
-            self.table[int(event.request), start: start + len(event.slots)] = tensors[0].to(
-                device=device, dtype=torch.int32)
+            self._scatter(event.items)
+        elif isinstance(event, Assign) and type(event.request) is int and event.slots:
+            self._write(event.request, event.start, event.slots)
 
     def _scatter(self, items: Sequence[tuple[RequestId, int, int]]) -> None:
         rows = [row for row, _, _ in items if type(row) is int]

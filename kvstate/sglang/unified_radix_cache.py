@@ -261,7 +261,7 @@ class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
         if node is None:
             return ROOT
         if isinstance(node, TreeNode) and node._cache is self:
-            return int(node.id)
+            return as_int(node.id, "tree node id")
         raise TypeError(f"{node!r} is not a node of this cache")
 
 
