@@ -24,11 +24,10 @@ import torch
 
 from kvstate.backends.persistent import apply
 from kvstate.engine import Engine
-from kvstate.errors import ListenerError
 from kvstate.events import Allocate, Event, Free, Reset
 from kvstate.planner.alloc import decode_slots, extend_slots, new_pages_for_extend
 from kvstate.sglang.binding import FrontEndMixin, engine_for_allocator
-from kvstate.sglang.frees import Group, free_events, refusal
+from kvstate.sglang.frees import Group, end_free_group, free_events, refusal
 from kvstate.sglang.inputs import (
     as_int,
     bind_forms,
@@ -160,32 +159,23 @@ class TokenToKVPoolAllocator(FrontEndMixin):
         ``FreeMapped`` in SGLang's order (the ``free`` calls, then the page-id calls)."""
         if self._group is None:
             raise RuntimeError("free_group_end without free_group_begin")
-        parked = self._group
-        slot_lists, page_lists = parked
-        self._group = None
-        groups: list[Group] = []
-        try:
+        slot_lists, page_lists = parked = self._group
+
+        def free_parked() -> None:
+            groups: list[Group] = []
             if slot_lists:
                 groups.append(self._free_order([s for slots in slot_lists for s in slots]))
             if page_lists:
                 groups.append(([p for pages in page_lists for p in pages], True))
             if groups:
                 self._free(groups)
-        except ListenerError:
-            raise  # the frees were committed; a listener failed after them
-        except BaseException:
-            self._group = parked  # refused: the group stays open with what it parked
-            raise
+
+        end_free_group(self, parked, free_parked)
 
     def clear(self) -> None:
         """Every page free again; needs an empty tree and no open row.  Commits ``Reset("pages")``
         (an open free group is dropped with it, and kept when the reset is refused)."""
-        try:
-            self._commit([Reset("pages")])
-        except ListenerError:
-            self._group = None  # the reset was committed; a listener failed after it
-            raise
-        self._group = None
+        end_free_group(self, self._group, lambda: self._commit([Reset("pages")]))
 
     def backup_state(self) -> AllocatorBackup:
         return AllocatorBackup(self.engine.state, self.engine)

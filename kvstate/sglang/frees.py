@@ -19,9 +19,10 @@ the events are runs of one kind, emitted in reverse for the head.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvstate.errors import ListenerError
 from kvstate.events import Event, Free, FreeMapped
 from kvstate.state import DETACHED
 
@@ -67,3 +68,18 @@ def refusal(groups: Sequence[Group]) -> Free:
 
 
 __all__ = ["free_events", "refusal"]
+
+
+def end_free_group(allocator: Any, parked: Any, commit: Callable[[], None]) -> None:
+    """Close ``allocator``'s open free group and run ``commit`` (what the group parked, or a
+    reset that drops it).  The group is gone once ``commit`` committed, a listener failing
+    after the commit included; when ``commit`` is refused, ``parked`` is put back: a call
+    that raises leaves the frees it would have made waiting, not lost."""
+    allocator._group = None
+    try:
+        commit()
+    except ListenerError:
+        raise
+    except BaseException:
+        allocator._group = parked
+        raise

@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstate.engine import Engine
-from kvstate.errors import ListenerError
 from kvstate.events import Event, Reset, SwaFree
-from kvstate.sglang.frees import Group, free_events
+from kvstate.sglang.frees import Group, end_free_group, free_events
 from kvstate.sglang.inputs import as_int, int_list
 
 
@@ -84,8 +83,9 @@ class SwaFreesMixin:
         (its ``free`` calls, then its page ids), in one batch."""
         if self._group is None:
             raise RuntimeError("free_group_end without free_group_begin")
-        group, self._group = self._group, None
-        try:
+        group = self._group
+
+        def free_parked() -> None:
             events: list[Event] = []
             for kind in ("swa_ids", "swa_set", "full", "full_ids"):
                 items = [item for chunk in group[kind] for item in chunk]
@@ -93,22 +93,14 @@ class SwaFreesMixin:
                     events.extend(self._events(kind, items))
             if events:
                 self._commit(events)
-        except ListenerError:
-            raise  # the frees were committed; a listener failed after them
-        except BaseException:
-            self._group = group  # refused: the group stays open with what it parked
-            raise
+
+        end_free_group(self, group, free_parked)
 
     def clear(self) -> None:
         """Every page of both pools free again (needs an empty tree and no open row).
         Commits ``Reset("pages")``; an open free group is dropped with it, and kept when the
         reset is refused."""
-        try:
-            self._commit([Reset("pages")])
-        except ListenerError:
-            self._group = None  # the reset was committed; a listener failed after it
-            raise
-        self._group = None
+        end_free_group(self, self._group, lambda: self._commit([Reset("pages")]))
 
     # -- free helpers ---------------------------------------------------------------------
     def _segment_start(self, start_pos: int) -> None:
