@@ -207,38 +207,52 @@ def test_a_hybrid_receipt_takes_only_int_ids():
     assert (type(planned.node), type(planned.uuid)) == (int, int)
 
 
-@pytest.mark.parametrize("swa", [False, True])
-def test_a_refused_clear_or_group_end_keeps_the_open_free_group(swa: bool) -> None:
-    from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
-
-    pool, allocator, cache = build(num_tokens=16)
-    if swa:
-        allocator = SWATokenToKVPoolAllocator(16, 16, 1)
-        pool = None
+def test_a_refused_clear_keeps_the_open_free_group() -> None:
+    pool, allocator, _ = build(num_tokens=16)
     full = allocator.available_size()
     held = allocator.alloc(2)
-    row = None
-    if pool is not None:  # an open row: the reset must be refused
-        row = pool.alloc(1)
-    else:
-        allocator.alloc(1)  # SWA: a free group end with a double free is refused below
+    pool.alloc(1)  # an open row: the reset is refused
     allocator.free_group_begin()
     allocator.free(held)
-    if row is not None:
-        fingerprint = allocator.engine.state.fingerprint()
-        with pytest.raises(InvalidEvent):
-            allocator.clear()
-        assert allocator.engine.state.fingerprint() == fingerprint
-        allocator.free_group_end()  # the group is still open, with the slots it parked
-        assert allocator.available_size() == full
-        return
-    allocator.free(held[:1])  # parked twice: the group's end is a double free
     fingerprint = allocator.engine.state.fingerprint()
-    with pytest.raises((InvalidEvent, ValueError)):
-        allocator.free_group_end()
+    with pytest.raises(InvalidEvent):
+        allocator.clear()
     assert allocator.engine.state.fingerprint() == fingerprint
-    with pytest.raises(RuntimeError, match="nested"):
-        allocator.free_group_begin()  # still open: nothing it parked was lost
+    allocator.free_group_end()  # the group is still open, with the slots it parked
+    assert allocator.available_size() == full
+
+
+@pytest.mark.parametrize("swa", [False, True])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_bad_free_inside_a_free_group_is_refused_when_it_is_parked(swa: bool,
+                                                                     page_size: int) -> None:
+    from kvstate.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    from kvstate.sglang.swa_allocator import SWATokenToKVPoolAllocator
+
+    if swa:
+        allocator = SWATokenToKVPoolAllocator(32, 32, page_size)
+    elif page_size == 1:
+        allocator = TokenToKVPoolAllocator(32)
+    else:
+        allocator = PagedTokenToKVPoolAllocator(32, page_size)
+    full = allocator.available_size()
+    first, second = allocator.alloc(page_size), allocator.alloc(page_size)
+    allocator.free_group_begin()
+    allocator.free(second)
+    allocator.free(first)
+    fingerprint = allocator.engine.state.fingerprint()
+    bad = [torch.tensor([31 * page_size])]  # never allocated
+    if page_size == 1:  # a slot freed twice (paged: a page a free touches again is freed once)
+        bad += [first[:1], torch.tensor([int(first[0]), int(first[0])])]
+    else:
+        allocator.free(first[1:])  # its page is parked already: accepted, freed once at the end
+    for slots in bad:
+        with pytest.raises((InvalidEvent, ValueError)):
+            allocator.free(slots)
+        assert allocator.engine.state.fingerprint() == fingerprint
+    allocator.free_group_end()  # the good frees, nothing of the refused ones
+    assert allocator.available_size() == full
+    assert check(allocator.engine.state) == []
 
 
 def test_restore_state_takes_only_a_backup_of_its_own_engine():

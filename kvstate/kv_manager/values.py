@@ -33,6 +33,9 @@ from kvstate.kv_manager.errors import BufferAllocationError
 DTYPE_BY_BYTES = {2: torch.float16, 4: torch.float32, 8: torch.float64}
 
 
+STORABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def storage_dtype(dtype: object, dtype_bytes: int) -> torch.dtype:
     """The dtype values are stored in: ``dtype`` if given, else float16/32/64 by ``dtype_bytes``.
 
@@ -47,6 +50,9 @@ def storage_dtype(dtype: object, dtype_bytes: int) -> torch.dtype:
                              "pass dtype= explicitly") from None
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch dtype, got {dtype!r}")
+    if dtype not in STORABLE:  # float8 types lack the fills and checks the store runs
+        raise TypeError(f"dtype {dtype} cannot hold stored values here; use one of "
+                        f"{', '.join(str(kind) for kind in STORABLE)}")
     size = torch.empty((), dtype=dtype).element_size()
     if size != dtype_bytes:
         raise ValueError(f"dtype {dtype} has {size} bytes per element; the model config "

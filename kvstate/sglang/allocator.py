@@ -27,7 +27,7 @@ from kvstate.engine import Engine
 from kvstate.events import Allocate, Event, Free, Reset
 from kvstate.planner.alloc import decode_slots, extend_slots, new_pages_for_extend
 from kvstate.sglang.binding import FrontEndMixin, engine_for_allocator
-from kvstate.sglang.frees import Group, end_free_group, free_events, refusal
+from kvstate.sglang.frees import Group, ParkedPages, end_free_group, free_events, refusal
 from kvstate.sglang.inputs import (
     as_int,
     bind_forms,
@@ -70,6 +70,7 @@ class TokenToKVPoolAllocator(FrontEndMixin):
         self.engine = engine_for_allocator(num_pages, self.page_size, engine)
         # An open free group: slot lists for ``free`` and page-id lists for ``free_page_ids``.
         self._group: tuple[list[list[int]], list[list[int]]] | None = None
+        self._parked = ParkedPages()  # the open group's pages, to refuse a bad free early
         self._kvcache = kvcache
         if kvcache is not None and hasattr(kvcache, "attach"):
             kvcache.attach(self.engine)
@@ -105,6 +106,8 @@ class TokenToKVPoolAllocator(FrontEndMixin):
         if not slots:
             return
         if self._group is not None:
+            pages, at_head = self._free_order(slots)
+            self._park_checked([("free", pages, at_head)])
             self._group[0].append(slots)
             return
         self._free([self._free_order(slots)])
@@ -153,6 +156,7 @@ class TokenToKVPoolAllocator(FrontEndMixin):
         if self._group is not None:
             raise RuntimeError("free groups cannot be nested")
         self._group = ([], [])
+        self._parked = ParkedPages()
 
     def free_group_end(self) -> None:
         """Free everything parked since ``free_group_begin``: one batch of ``Free`` /
@@ -209,9 +213,33 @@ class TokenToKVPoolAllocator(FrontEndMixin):
         return self._free_order(slots)
 
     def _park(self, groups: list[Group]) -> None:
+        """Park page-id frees (all checked before any is parked)."""
         assert self._group is not None
-        for pages, at_head in groups:
-            (self._group[1] if at_head else self._group[0]).append(list(pages))
+        self._park_checked([("ids", pages, at_head) for pages, at_head in groups])
+        for pages, _ in groups:
+            self._group[1].append(list(pages))
+
+    def _park_checked(self, parts: list[tuple[str, Sequence[int], bool]]) -> None:
+        """Refuse now what the group's end would refuse for these parts (a page freed twice
+        in the group, or one that cannot be freed), then record their pages.  The end frees
+        the ``free`` calls' pages (once each when paged) and the page-id calls' pages."""
+        parked = self._parked
+        checked = []
+        for kind, pages, at_head in parts:
+            rivals = ("ids",) if kind == "free" else ("free", "ids")
+            new = parked.new_pages(kind, rivals, pages,
+                                   merged=kind == "free" and self.page_size > 1)
+            groups = [(new, at_head)]
+            if new and free_events(self.engine.view, groups) is None:
+                apply(self.engine.state, refusal(groups))  # raises with the rule's reason
+                raise AssertionError("the rules accepted a free the front end could not plan")
+            checked.append((kind, new))
+        if len(parts) > 1:  # parts of one call must not repeat each other either
+            pages_named = [page for _, new in checked for page in new]
+            if len(set(pages_named)) != len(pages_named):
+                raise ValueError("a page is freed twice in this free group")
+        for kind, new in checked:
+            parked.add(kind, new)
 
     def _free(self, groups: list[Group]) -> None:
         """Free every group in one batch; a page that cannot be freed changes nothing."""

@@ -67,9 +67,6 @@ def refusal(groups: Sequence[Group]) -> Free:
     return Free(pages, bool(groups and groups[0][1]))
 
 
-__all__ = ["free_events", "refusal"]
-
-
 def end_free_group(allocator: Any, parked: Any, commit: Callable[[], None]) -> None:
     """Close ``allocator``'s open free group and run ``commit`` (what the group parked, or a
     reset that drops it).  The group is gone once ``commit`` committed, a listener failing
@@ -83,3 +80,36 @@ def end_free_group(allocator: Any, parked: Any, commit: Callable[[], None]) -> N
     except BaseException:
         allocator._group = parked
         raise
+
+
+class ParkedPages:
+    """The pages an open free group has parked, per kind of free, so that a free its end
+    would refuse is refused when it is parked: nothing parked, nothing lost at the end.
+
+    A *merged* kind is freed once per page at the end (a paged ``free`` touches a page as
+    often as it likes); any other kind names each page once.  Kinds the same end frees as
+    one set of pages are *rivals*: a page in two of them is freed twice."""
+
+    def __init__(self) -> None:
+        self.by_kind: dict[str, set[int]] = {}
+
+    def new_pages(self, kind: str, rivals: Sequence[str], pages: Sequence[int], *,
+                  merged: bool) -> list[int]:
+        """The pages a part of ``kind`` adds to the group (``ValueError`` for one freed twice);
+        records nothing (``add`` does, once every part was checked)."""
+        mine = self.by_kind.get(kind, set())
+        if merged:
+            pages = [page for page in dict.fromkeys(pages) if page not in mine]
+        seen: set[int] = set()
+        for page in pages:
+            if page in seen or page in mine or any(page in self.by_kind.get(rival, ())
+                                                   for rival in rivals):
+                raise ValueError(f"page {page} is freed twice in this free group")
+            seen.add(page)
+        return list(pages)
+
+    def add(self, kind: str, pages: Sequence[int]) -> None:
+        self.by_kind.setdefault(kind, set()).update(pages)
+
+
+__all__ = ["ParkedPages", "end_free_group", "free_events", "refusal"]

@@ -193,7 +193,12 @@ class HybridReqToTokenPool(ReqToTokenPool):
             if not all(hasattr(kv, name) for name in ("req_pool_idx", "mamba_pool_idx",
                                                         "mamba_ping_pong_track_buffer")):
                 raise TypeError(f"alloc takes requests with Mamba KV records, got {req!r}")
+        if len({id(req) for req in reqs}) != len(reqs):
+            raise ValueError("a request is named twice in one alloc")
         fresh = [req for req in reqs if req.kv.req_pool_idx is None]
+        for req in fresh:  # a slot the request brings goes into the events as it is
+            if req.kv.mamba_pool_idx is not None:
+                as_int(req.kv.mamba_pool_idx, "mamba_pool_idx", low=1)
         for req in reqs:
             if req.kv.req_pool_idx is not None and req.kv.req_pool_idx not in \
                     self.engine.view.mamba.rows:
@@ -208,7 +213,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         with self.engine.batch() as batch:
             if rows:
                 batch.emit(ReqAlloc(tuple(rows)))
-            granted = [plan_row_slots(batch, row, req.kv.mamba_pool_idx or 0,
+            granted = [plan_row_slots(batch, row, _slot(req.kv.mamba_pool_idx),
                                       self._track_need(req)) for row, req in zip(rows, fresh,
                                                                                  strict=True)]
             # The requests take their rows and slots inside the batch: a listener failing at
@@ -295,3 +300,8 @@ def clear_mamba_fields(kv: Any) -> None:
 
 __all__ = ["HybridReqToTokenPool", "MambaMappingMirror", "MambaPool", "MambaSlotAllocator",
            "clear_mamba_fields", "tracking_slots"]
+
+
+def _slot(mamba_pool_idx: Any) -> int:
+    """The running slot a request brings (0: none), as a plain int (checked in ``alloc``)."""
+    return 0 if mamba_pool_idx is None else as_int(mamba_pool_idx, "mamba_pool_idx", low=1)

@@ -74,8 +74,8 @@ class MambaTreeLock(HybridLock):
     has_swa: bool = False
 
     def mamba_receipt(self) -> MambaReceipt:
-        node_id = self.receipt.node_id or ROOT
-        uuid = self.receipt.component_lock_uuids.get(SWA) or 0
+        planned = self.planned()  # the ids checked as ints, as a hybrid lock's are
+        node_id, uuid = planned.node, planned.uuid
         swa = self.has_swa and not self.swa_released
         mamba = self.mamba_locked and not (self.has_swa and self.swa_released)
         return MambaReceipt(node_id, uuid, swa and node_id != ROOT, mamba)
@@ -263,9 +263,12 @@ class MambaUnifiedRadixCache(MambaFlows, UnifiedRadixCache):
         if lock is None or self.disable:
             return
         receipt = self._receipt(lock)
-        if receipt.node != ROOT:
-            with self.engine.batch() as batch:
+        if lock.released:
+            raise ValueError("this lock was already unlocked")
+        with self.engine.batch() as batch:
+            if receipt.node != ROOT:
                 plan_mamba_unlock(batch, receipt)
+            lock.release()  # inside the batch: a listener may fail at its commit
 
     def release_swa(self, lock: HybridLock | None) -> None:
         """Release the SWA window of ``lock`` early, once, with its Mamba lock (below SWA in

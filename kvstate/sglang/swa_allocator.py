@@ -33,6 +33,7 @@ from kvstate.invariants import Violation
 from kvstate.planner.alloc import decode_slots, extend_slots, new_pages_for_extend
 from kvstate.planner.swa_requests import plan_paired_pages
 from kvstate.sglang.binding import FrontEndMixin, engine_for_allocator
+from kvstate.sglang.frees import ParkedPages
 from kvstate.sglang.inputs import (
     as_int,
     bind_forms,
@@ -78,6 +79,7 @@ class SWATokenToKVPoolAllocator(SwaFreesMixin, FrontEndMixin):
         self._mirror.rebuild(self.engine.view)
         self.engine.subscribe(self._mirror)
         self._group: dict[str, list[list[int]]] | None = None
+        self._parked = ParkedPages()  # the open group's pages, to refuse a bad free early
         if kvcache is not None:  # an executor follows the engine and writes through our mapping
             if hasattr(kvcache, "attach"):
                 kvcache.attach(self.engine)

@@ -18,7 +18,7 @@ from typing import Any
 
 from kvstate.engine import Engine
 from kvstate.events import Event, Reset, SwaFree
-from kvstate.sglang.frees import Group, end_free_group, free_events
+from kvstate.sglang.frees import Group, ParkedPages, end_free_group, free_events
 from kvstate.sglang.inputs import as_int, int_list
 
 
@@ -28,6 +28,7 @@ class SwaFreesMixin:
     engine: Engine
     page_size: int
     _group: dict[str, list[list[int]]] | None
+    _parked: ParkedPages
 
     # -- frees --------------------------------------------------------------------------
     def free(self, free_index: Any) -> None:
@@ -77,6 +78,7 @@ class SwaFreesMixin:
         if self._group is not None:
             raise RuntimeError("free groups cannot be nested")
         self._group = {"swa_ids": [], "swa_set": [], "full": [], "full_ids": []}
+        self._parked = ParkedPages()
 
     def free_group_end(self) -> None:
         """Release what the group parked: SWA page ids, SWA set frees, then the FULL group
@@ -101,6 +103,27 @@ class SwaFreesMixin:
         Commits ``Reset("pages")``; an open free group is dropped with it, and kept when the
         reset is refused."""
         end_free_group(self, self._group, lambda: self._commit([Reset("pages")]))
+
+    def _park_checked(self, parts: list[tuple[str, list[int]]]) -> None:
+        """Refuse now what the group's end would refuse for these parts: a FULL page (or an
+        SWA peer) freed twice in the group, or a FULL page that cannot be freed.  The end
+        frees each kind's parts together: paged ``free`` calls and SWA sets once per page."""
+        parked, paged, size = self._parked, self.page_size > 1, self.page_size
+        checked = []
+        for kind, items in parts:
+            pages = sorted({slot // size for slot in items}) if kind == "full" and paged \
+                else items
+            rivals = {"swa_ids": ("swa_set",), "swa_set": ("swa_ids",), "full": ("full_ids",),
+                      "full_ids": ("full",)}[kind]
+            new = parked.new_pages(kind, rivals, pages,
+                                   merged=paged and kind in ("full", "swa_set"))
+            if kind in ("full", "full_ids") and new and free_events(
+                    self.engine.view, [(new, paged or kind == "full_ids")]) is None:
+                raise ValueError(f"FULL pages {new[:8]} are not all freeable (free, in the tree, "
+                                 "shared or named twice)")
+            checked.append((kind, new))
+        for kind, new in checked:
+            parked.add(kind, new)
 
     # -- free helpers ---------------------------------------------------------------------
     def _segment_start(self, start_pos: int) -> None:
@@ -132,6 +155,7 @@ class SwaFreesMixin:
         """Park the parts inside a free group, or commit them now in one batch."""
         parts = [(kind, items) for kind, items in parts if items]
         if self._group is not None:
+            self._park_checked(parts)
             for kind, items in parts:
                 self._group[kind].append(items)
             return

@@ -86,6 +86,9 @@ class UnifiedFlows:
         cursor = self._cursor(req)
         if owned > self._record(req).allocated:
             raise ValueError(f"{req!r} owns {owned} tokens past its row")
+        if cursor.protected_len > owned:  # the tree part is a prefix of what it owns
+            raise ValueError(f"{req!r} protects {cursor.protected_len} tokens, more than the "
+                             f"{owned} it owns")
         do_checkpoint = checkpoint and not self.disable
         with self.engine.batch() as batch:
             cursor = plan_hybrid_release(batch, cursor, req.full_untruncated_fill_ids,
@@ -112,7 +115,11 @@ class UnifiedFlows:
         if not req.kv.holds_kv:
             return
         cursor = self._cursor(req)
-        moved, pages = out_of_window(self.engine.view, cursor, as_int(pre_len, "pre_len"),
+        allocated = self._record(req).allocated
+        pre_len = as_int(pre_len, "pre_len")
+        if pre_len > allocated:  # the window ends where the row does
+            raise ValueError(f"pre_len {pre_len} is past the {allocated} tokens of the row")
+        moved, pages = out_of_window(self.engine.view, cursor, pre_len,
                                      window=self.sliding_window_size,
                                      interval=as_int(eviction_interval, "eviction_interval",
                                                      low=1))

@@ -242,10 +242,15 @@ class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
         """Release ``lock``.  Commits ``SwaUnlock`` (unless released early), ``Unlock``."""
         if lock is None or self.disable:
             return
+        if not isinstance(lock, HybridLock):
+            raise TypeError(f"{lock!r} is not a lock of a hybrid tree")
+        if lock.released:
+            raise ValueError("this lock was already unlocked")
         planned = lock.planned()
-        if planned.node != ROOT:
-            with self.engine.batch() as batch:
+        with self.engine.batch() as batch:
+            if planned.node != ROOT:
                 plan_unified_unlock(batch, planned)
+            lock.release()  # inside the batch: a listener may fail at its commit
 
     def release_swa(self, lock: HybridLock | None) -> None:
         """Release the SWA window of ``lock`` early, once.  Commits ``SwaUnlock``."""

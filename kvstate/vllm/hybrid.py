@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvstate.config import non_negative_int
 from kvstate.events import MAX_NAME_CHARS
 from kvstate.planner.alloc import cdiv
 from kvstate.planner.hybrid_hits import CACHED, MAMBA, GroupCursor, group_holders
@@ -106,6 +107,7 @@ class HybridKVCacheManager(HybridReads):
         self._lookup: tuple[Request, KVCacheBlocks, tuple[tuple[int, ...], ...], int] | None = \
             None
         self.idle_steps = IdleSteps(self.layout, self.max_model_len, self._covered)
+        self.engine.subscribe(self.idle_steps)  # bounds end when a held block leaves the cache
 
     # -- changing (one engine batch per call) -------------------------------------------------
     def new_step_starts(self) -> None:
@@ -221,6 +223,9 @@ class HybridKVCacheManager(HybridReads):
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Free what each group no longer reads at ``num_computed_tokens`` (sliding windows:
         blocks before the window; Mamba: states before the last).  Commits ``BlockRelease``."""
+        non_negative_int("num_computed_tokens", num_computed_tokens)
+        if request_id not in self.holders:
+            return  # a request it never allocated holds nothing to free (vLLM: a no-op)
         self.idle_steps.drop(request_id)
         holders = self._holders(request_id)
         with CallBatch(self.engine) as b:
@@ -240,17 +245,6 @@ class HybridKVCacheManager(HybridReads):
             self.cursors.pop(request_id, None)  # inside: see ``allocate_slots``
             self.holders.pop(request_id, None)
             self._covered.pop(request_id, None)
-
-    def evict_blocks(self, block_ids: set[int]) -> None:
-        """Uncache the given blocks (commits ``BlockUncache``); a held block may lose its cache
-        entry, so every request's idle bounds are dropped."""
-        self.idle_steps.clear()
-        super().evict_blocks(block_ids)
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop the whole prefix cache when no block is in use (commits ``BlockClear``)."""
-        self.idle_steps.clear()
-        return super().reset_prefix_cache()
 
     def take_events(self) -> list[KVCacheEvent]:
         """Drain the pool's events; each ``BlockStored`` gains its group's spec kind and window

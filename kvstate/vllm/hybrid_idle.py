@@ -11,9 +11,10 @@ none).  Any step outside the bounds, or with arguments a check would refuse,
 goes the full way, which raises as before.
 
 ``IdleSteps`` owns only those bounds, per request.  The manager drops a
-request's bounds in every call that may change its tables or cursors, and
-all of them when a held block may leave the cache (``evict_blocks``,
-``reset_prefix_cache``).
+request's bounds in every call that may change its tables or cursors.  As an
+engine listener it drops all of them when a held block leaves the cache or
+the cache is cleared, whoever committed it (the manager's ``evict_blocks``,
+or a call straight to its pool).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kvstate.events import BlockClear, BlockUncache, Event
 from kvstate.planner.hybrid_hits import GroupCursor, HybridLayout
 from kvstate.planner.hybrid_step import idle_bounds
 
@@ -80,6 +82,17 @@ class IdleSteps:
                              remove_upto)
         if bounds is not None:
             self._bounds[request.request_id] = (request, *bounds)
+
+    def after(self, events: Sequence[Event], view: Any) -> None:
+        """Engine listener: a held block uncached, or the cache cleared, ends every bound."""
+        if not self._bounds:
+            return
+        holders = view.holders
+        for event in events:
+            if type(event) is BlockClear or (isinstance(event, BlockUncache) and
+                                             any(page in holders for page in event.pages)):
+                self._bounds.clear()
+                return
 
     def drop(self, request_id: str) -> None:
         self._bounds.pop(request_id, None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvstate.config import non_negative_int
 from kvstate.planner.hybrid_hits import GroupCursor, HybridLayout, group_holders, longest_hit
 from kvstate.planner.hybrid_step import blocks_needed
 from kvstate.vllm.block_pool import KVCacheBlock
@@ -69,7 +70,9 @@ class HybridReads(KVCacheManager):
         self._check_request(request)
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+        limit = request.num_tokens - 1  # the last token is always computed
+        if max_cache_hit_length is not None:
+            limit = min(limit, non_negative_int("max_cache_hit_length", max_cache_hit_length))
         view = self.engine.view
         pages, hit, uncached = longest_hit(view, self.layout, request, limit)
         blocks = self._blocks(pages)

@@ -182,6 +182,10 @@ def _group_rule(group: KVCacheGroupSpec, size: int, max_model_len: int,
     if isinstance(spec, FullAttentionSpec):
         return GroupRule("full")
     if isinstance(spec, SlidingWindowSpec):
+        for name in ("sliding_window", "extra_retained_tokens"):
+            value = getattr(spec, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
         if spec.sliding_window < 2 or spec.extra_retained_tokens < 0:
             raise ValueError(f"sliding_window must be >= 2 (got {spec.sliding_window}) and "
                              "extra_retained_tokens >= 0")

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, overload
 
+from kvstate.config import non_negative_int
 from kvstate.engine import Engine
 from kvstate.planner.alloc import cdiv
 from kvstate.planner.block import (
@@ -122,7 +123,8 @@ class KVCacheManager:
         self.kv_cache_spec_kind = "full_attention" if sliding_window is None else "sliding_window"
         # vLLM's sliding-window admission cap (full-sequence check); in-flight tokens default
         # to max_model_len, as in vLLM.
-        in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
+        in_flight = max_model_len if max_in_flight_tokens is None else \
+            non_negative_int("max_in_flight_tokens", max_in_flight_tokens)
         self.admission_cap = None if sliding_window is None else \
             cdiv(min(sliding_window - 1 + in_flight, max_model_len), block_size) + 1
 
@@ -281,6 +283,7 @@ class KVCacheManager:
 
         Commits ``BlockRelease`` (sliding window only).
         """
+        non_negative_int("num_computed_tokens", num_computed_tokens)
         with CallBatch(self.engine) as b:
             plan_remove_skipped(b, request_id, num_computed_tokens, window=self.sliding_window,
                                 caching=self.enable_caching)

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from kvstate.config import non_negative_int
 from kvstate.engine import Engine
 from kvstate.vllm.hashing import HashAlgo
 from kvstate.vllm.kv_cache_interface import (
@@ -95,7 +96,8 @@ def vllm_manager_args(kv_cache_config: KVCacheConfig, max_model_len: int,
                         ("hash_block_size", hash_block_size)):
         if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
             raise ValueError(f"{name} must be a positive int, got {count!r}")
-    in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
+    in_flight = max_model_len if max_in_flight_tokens is None else \
+        non_negative_int("max_in_flight_tokens", max_in_flight_tokens)
     return VllmManagerArgs(kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
                            in_flight, enable_caching, log_stats, enable_kv_cache_events,
                            hash_algo, hash_seed, keep_events, engine)

@@ -261,3 +261,7 @@ def _check_name(label: str, value: Any) -> None:
         raise TypeError(f"{label} must be a str, got {type(value).__name__}")
     if len(value) > MAX_NAME_CHARS:
         raise ValueError(f"{label} is {len(value)} characters, more than {MAX_NAME_CHARS}")
+    try:  # names go into events and fingerprints as UTF-8
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{label} {value!r} is not valid Unicode text: {exc.reason}") from None
