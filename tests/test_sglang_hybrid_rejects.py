@@ -27,6 +27,16 @@ def swa_cache(page_size: int):
     return UnifiedRadixCache(HybridCacheInitParams(pool, allocator, page_size, 4)), allocator
 
 
+def decoding(cache, steps: int) -> HybridReq:
+    """A request admitted, prefilled and decoded ``steps`` tokens."""
+    request = HybridReq("a", list(range(1, 14)))
+    hs.admit(cache, request)
+    hs.prefill_done(cache, request, 50)
+    for token in range(steps):
+        hs.decode_step(cache, [request], 60 + token, interval=1)
+    return request
+
+
 def replays(cache) -> bool:
     engine = cache.engine
     return apply_all(engine.initial_state, list(engine.events)).fingerprint() == \
@@ -72,11 +82,7 @@ def test_a_lock_unlocks_once() -> None:
 
 def test_sliding_window_frees_stop_at_the_row() -> None:
     cache, _ = swa_cache(4)
-    request = HybridReq("a", list(range(1, 14)))
-    hs.admit(cache, request)
-    hs.prefill_done(cache, request, 50)
-    for token in range(9):
-        hs.decode_step(cache, [request], 60 + token, interval=1)
+    request = decoding(cache, 9)
     before = (cache.engine.state.fingerprint(), request.kv.get_evicted_seqlen("SWA"))
     for past in (5, 6, 10):
         with pytest.raises(ValueError, match="past the"):
@@ -88,11 +94,7 @@ def test_sliding_window_frees_stop_at_the_row() -> None:
 
 def test_a_release_protecting_more_than_the_request_owns_is_refused() -> None:
     cache, allocator = swa_cache(1)
-    request = HybridReq("a", list(range(1, 14)))
-    hs.admit(cache, request)
-    hs.prefill_done(cache, request, 50)
-    for token in range(3):
-        hs.decode_step(cache, [request], 60 + token, interval=1)
+    request = decoding(cache, 3)
     protected = request.kv.cache_protected_len
     request.kv.cache_protected_len = 30
     before = cache.engine.state.fingerprint()
