@@ -83,16 +83,22 @@ class IdleSteps:
         if bounds is not None:
             self._bounds[request.request_id] = (request, *bounds)
 
+    before_events = (BlockUncache, BlockClear)  # the engine calls ``before`` for these alone
+
+    def before(self, event: Event, view: Any) -> None:
+        """Engine listener: a held block about to be uncached, or the cache about to be
+        cleared, ends every bound (dropping bounds is always safe, so an event refused
+        after this needs no undo)."""
+        if self._bounds and (type(event) is BlockClear or (
+                isinstance(event, BlockUncache) and
+                any(page in view.holders for page in event.pages))):
+            self._bounds.clear()
+
+    def discard(self, event: Event) -> None:
+        """Nothing to undo (see ``before``)."""
+
     def after(self, events: Sequence[Event], view: Any) -> None:
-        """Engine listener: a held block uncached, or the cache cleared, ends every bound."""
-        if not self._bounds:
-            return
-        holders = view.holders
-        for event in events:
-            if type(event) is BlockClear or (isinstance(event, BlockUncache) and
-                                             any(page in holders for page in event.pages)):
-                self._bounds.clear()
-                return
+        """Nothing to follow: ``before`` saw what matters."""
 
     def drop(self, request_id: str) -> None:
         self._bounds.pop(request_id, None)
