@@ -19,30 +19,18 @@ production engine checking itself on a sample, at the cost of N persistent
 steps plus two fingerprints per N events.
 
 Listeners (a recorder, an executor, the request-table tensor) subscribe with
-:meth:`subscribe`.  A listener may define ``before(event, view)``, called
-before each event's rule (read-only: it sees the state the event applies
-to; it then also defines ``discard(event)``, called when the rule refuses
-that event; a listener whose ``before`` acts on some event types only names
-them in ``before_events`` and is called for those alone), and must define
-``after(events, view)``, called once per committed batch, after every event
-of it was applied.  So a listener that fails never leaves the engine between
-two events of a decision: the batch is applied whole, the failing listener is
-detached, and its error is raised after the others ran.  A listener may also
-define ``rolled_back(events)``: the events of a batch that failed part way,
-which the engine has undone (``before`` saw them, ``after`` never will).  A
-plain callable ``fn(event, view)`` is called per event from ``after`` (it then
-sees the state after the whole batch).
+:meth:`subscribe`; ``kvstate.listeners`` gives the protocol (``before``,
+``discard``, ``after``, ``rolled_back``) and what happens when one of them
+fails.  A batch is applied whole before any ``after`` runs, so a listener that
+fails never leaves the engine between two events of a decision.
 
-When something fails inside a batch: a ``before`` that raises makes the
-listeners that already prepared for that event hear ``discard``; a rule that
-raises anything but ``InvalidEvent`` may have written part of its event, so
-the batch is rolled back even if that was its first event (and even if the
-block caught the error); a ``discard`` or ``rolled_back`` that raises detaches
-its listener, with a note on the error being raised.  ``after`` must not
-change the engine (``RuntimeError``, so the listener is detached): a batch
-committed from there would reach the listeners after it before the batch
-that caused it.  ``engine.state`` read inside a batch shows the batch so
-far, without moving the baseline a rollback starts from.
+When something fails inside a batch, the state is what it was before the
+batch: a refused event, a rule that raised anything but ``InvalidEvent``
+(it may have written part of its event, so the batch is rolled back even if
+that was its first event, and even if the block caught the error), a
+listener's ``before``, or the planner's own code.  ``engine.state`` read
+inside a batch shows the batch so far, without moving the baseline a
+rollback starts from.
 """
 
 from __future__ import annotations
@@ -52,27 +40,13 @@ from typing import Any, TypeVar
 
 from kvstate.backends.live import LiveState
 from kvstate.backends.persistent import apply_valid
-from kvstate.errors import EngineBroken, InvalidEvent, ListenerError, VerificationError
+from kvstate.errors import EngineBroken, InvalidEvent, VerificationError
 from kvstate.events import Event, EventDecodeError, validated
+from kvstate.listeners import Listeners
 from kvstate.state import Geometry, State, initial_state
 
 R = TypeVar("R")
 BACKENDS = ("live", "persistent")
-
-
-class _CallableListener:
-    """Adapts ``fn(event, view)`` to the batch protocol."""
-
-    def __init__(self, fn: Callable[[Event, Any], None]) -> None:
-        self.fn = fn
-
-    def after(self, events: Sequence[Event], view: Any) -> None:
-        fn = self.fn
-        for event in events:
-            fn(event, view)
-
-    def __repr__(self) -> str:
-        return repr(self.fn)
 
 
 class Engine:
@@ -93,13 +67,10 @@ class Engine:
         self._keep_events = keep_events
         self._initial = state
         self._events: list[Event] = []
-        self._listeners: tuple[Any, ...] = ()  # replaced, never mutated: a commit iterates it
-        # (listener, the event types its ``before`` acts on, or None for all)
-        self._befores: list[tuple[Any, frozenset[type] | None]] = []
+        self._listeners = Listeners()
         self._broken: BaseException | None = None
         self._batch: list[Event] | None = None
         self._rule_failed = False  # a rule raised something other than InvalidEvent
-        self._committing = False  # listeners' ``after`` hooks are running
         self._reset_to(state)
 
     def _reset_to(self, state: State) -> None:
@@ -177,22 +148,10 @@ class Engine:
     # -- listeners ------------------------------------------------------------------
     def subscribe(self, listener: Any) -> None:
         """Add a listener (an object with ``after`` and maybe ``before``, or a callable)."""
-        if not hasattr(listener, "after"):
-            if not callable(listener):
-                raise TypeError("a listener needs an after(events, view) method or must be callable")
-            listener = _CallableListener(listener)
-        self._listeners = (*self._listeners, listener)
-        if hasattr(listener, "before"):
-            kinds = getattr(listener, "before_events", None)
-            self._befores.append((listener, None if kinds is None else frozenset(kinds)))
+        self._listeners.subscribe(listener)
 
     def unsubscribe(self, listener: Any) -> None:
-        for index, entry in enumerate(self._listeners):
-            if entry is listener or getattr(entry, "fn", None) is listener:
-                self._listeners = self._listeners[:index] + self._listeners[index + 1:]
-                self._befores = [hook for hook in self._befores if hook[0] is not entry]
-                return
-        raise ValueError(f"{listener!r} is not subscribed")
+        self._listeners.unsubscribe(listener)
 
     # -- changing ---------------------------------------------------------------------
     def apply(self, event: Event) -> None:
@@ -211,16 +170,14 @@ class Engine:
         and the events since it are known) and otherwise refuses further use
         (``EngineBroken``).
         """
-        if self._batch is not None or self._broken is not None or self._committing:
-            self._check_can_open()  # raises (checked inline: a batch opens once per call)
-        return Batch(self)
+        return Batch(self)  # checked when it opens (``Batch.__enter__``)
 
     def _check_can_open(self) -> None:
         if self._broken is not None:
             raise EngineBroken(f"engine unusable after an earlier failure: {self._broken}")
         if self._batch is not None:
             raise RuntimeError("batches do not nest; emit into the open batch")
-        if self._committing:
+        if self._listeners.committing:
             # A listener changing the engine from ``after`` would commit its events before
             # the listeners after it heard of the batch that caused them: out of order.
             raise RuntimeError("a listener's after() cannot change the engine it listens to")
@@ -243,13 +200,8 @@ class Engine:
                 try:
                     self._roll_back(*start, failed)
                 finally:
-                    for listener in self._listeners if events else ():
-                        hook = getattr(listener, "rolled_back", None)
-                        if hook is not None:
-                            try:
-                                hook(events)
-                            except Exception as exc:
-                                self._detach_after_hook(listener, "rolled_back", exc, failed)
+                    if events:
+                        self._listeners.rolled_back(events, failed)
             if caught:
                 raise failed
             return
@@ -262,7 +214,7 @@ class Engine:
         if batch is None:
             raise RuntimeError("emit needs an open batch (engine.batch())")
         live = self._live
-        befores = self._befores
+        befores = self._listeners.befores
         kind = type(event)
         if befores:
             view = live if live is not None else self._current
@@ -273,7 +225,7 @@ class Engine:
                         listener.before(event, view)
                     prepared += 1
             except BaseException as exc:
-                self._discard(befores[:prepared], event, exc)
+                self._listeners.discard(befores[:prepared], event, exc)
                 raise
         try:
             if live is not None:
@@ -285,37 +237,20 @@ class Engine:
                 # Not a refusal but a failure inside the rule, which may have written part
                 # of the event: the batch is rolled back even if this was its first event.
                 self._rule_failed = True
-            self._discard(befores, event, exc)  # the event did not happen
+            self._listeners.discard(befores, event, exc)  # the event did not happen
             raise
         journal = self._journal
         if journal is not None:
             journal.append(event)
         batch.append(event)
 
-    def _discard(self, befores: Sequence[tuple[Any, frozenset[type] | None]], event: Event,
-                 failure: BaseException) -> None:
-        """Tell the listeners that prepared for ``event`` that it did not happen; one whose
-        ``discard`` fails is detached (noted on ``failure``, which the caller raises)."""
-        kind = type(event)
-        for listener, kinds in befores:
-            if kinds is None or kind in kinds:
-                try:
-                    listener.discard(event)
-                except Exception as exc:
-                    self._detach_after_hook(listener, "discard", exc, failure)
-
-    def _detach_after_hook(self, listener: Any, hook: str, exc: Exception,
-                           failure: BaseException) -> None:
-        if listener in self._listeners:
-            self.unsubscribe(listener)
-        failure.add_note(f"listener {listener!r} failed in {hook} ({exc!r}) and was detached")
-
     def commit_events(self, events: Sequence[Event]) -> None:
         """Well-typed events already decided, as one batch: what ``with engine.batch() as b:``
         emitting each does (the same rollback, listeners and errors), without the batch
         object.  Front ends use it for decisions they build from checked arguments; an
         event from outside goes through ``apply``, which validates its fields first."""
-        self._check_can_open()
+        if self._batch is not None or self._broken is not None or self._listeners.committing:
+            self._check_can_open()  # raises
         start = self._open_batch()
         failed: BaseException | None = None
         try:
@@ -343,21 +278,7 @@ class Engine:
             self._unverified.extend(events)
             if len(self._unverified) >= self.verify_every:
                 self._verify()
-        failures: list[ListenerError] | None = None
-        view = self._live if self._live is not None else self._current
-        self._committing = True
-        try:
-            for listener in self._listeners:
-                try:
-                    listener.after(events, view)
-                except Exception as exc:  # a failing listener is detached, the others still run
-                    self.unsubscribe(listener)
-                    failures = failures or []
-                    failures.append(ListenerError(listener, exc))
-        finally:
-            self._committing = False
-        if failures:
-            raise failures[0]
+        self._listeners.after(events, self._live if self._live is not None else self._current)
 
     def _roll_back(self, start_state: State, start_seq: int, start_journal: int | None,
                    exc: BaseException) -> None:
@@ -422,8 +343,9 @@ class Batch:
 
     def __enter__(self) -> Batch:
         engine = self.engine
-        if engine._batch is not None or engine._broken is not None or engine._committing:
-            engine._check_can_open()  # a batch made earlier: still one at a time, never broken
+        if engine._batch is not None or engine._broken is not None or \
+                engine._listeners.committing:
+            engine._check_can_open()  # raises: one batch at a time, never on a broken engine
         self._start = engine._open_batch()
         live = engine._live
         self.state = live if live is not None else engine._current

@@ -276,3 +276,17 @@ def test_caching_a_request_hashed_with_another_seed_is_refused() -> None:
     assert snapshot(manager) == before and manager.take_events() == []
     manager.cache_blocks(request, 12)  # the request's own hashes are fine
     assert manager.block_pool.get_cached_block(request.block_hashes[2], [0]) is not None
+
+
+@pytest.mark.parametrize("bad", [123, None, b"a"])
+def test_free_takes_a_request_or_its_id(bad: Any) -> None:
+    from tests.test_vllm_hybrid_rejects import FULL, manager, window
+
+    for target in (KVCacheManager(12, BS, 64), manager(FULL, window(8))):
+        target.allocate_slots(Request("a", list(range(8)), BS), 8)
+        fingerprint = target.engine.view.fingerprint()
+        with pytest.raises(TypeError, match="a Request or a request id"):
+            target.free(bad)
+        assert target.engine.view.fingerprint() == fingerprint
+        target.free("a")
+        assert check(target.engine.state) == []

@@ -17,7 +17,7 @@ keeps pages freed after the backup.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import torch
@@ -226,13 +226,12 @@ class TokenToKVPoolAllocator(FrontEndMixin):
         parked = self._parked
         checked = []
         for kind, pages, at_head in parts:
-            rivals = ("ids",) if kind == "free" else ("free", "ids")
+            rivals = ("ids",) if kind == "free" else ("free",)
             new = parked.new_pages(kind, rivals, pages,
                                    merged=kind == "free" and self.page_size > 1)
             groups = [(new, at_head)]
             if new and free_events(self.engine.view, groups) is None:
-                apply(self.engine.state, refusal(groups))  # raises with the rule's reason
-                raise AssertionError("the rules accepted a free the front end could not plan")
+                self._refuse(groups)
             checked.append((kind, new))
         if len(parts) > 1:  # parts of one call must not repeat each other either
             pages_named = [page for _, new in checked for page in new]
@@ -245,10 +244,14 @@ class TokenToKVPoolAllocator(FrontEndMixin):
         """Free every group in one batch; a page that cannot be freed changes nothing."""
         events = free_events(self.engine.view, groups)
         if events is None:
-            # Let the rules name the bad page, on a frozen copy (an error path: the freeze is fine).
-            apply(self.engine.state, refusal(groups))
-            raise AssertionError("the rules accepted a free the front end could not plan")
+            self._refuse(groups)
         self._commit(events)
+
+    def _refuse(self, groups: Sequence[Group]) -> NoReturn:
+        """Raise the rules' refusal of a free the front end cannot plan: they name the bad
+        page, on a frozen copy (an error path: the freeze is fine)."""
+        apply(self.engine.state, refusal(groups))
+        raise AssertionError("the rules accepted a free the front end could not plan")
 
     def _commit(self, events: list[Event]) -> None:
         self.engine.commit_events(events)

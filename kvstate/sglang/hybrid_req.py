@@ -97,12 +97,6 @@ class HybridLock:
     swa_released: bool = False
     released: bool = False  # unlocked: a second unlock would drop another holder's lock
 
-    def release(self) -> None:
-        """Mark the lock unlocked (``ValueError`` if it already was)."""
-        if self.released:
-            raise ValueError("this lock was already unlocked")
-        self.released = True
-
     def planned(self) -> Receipt:
         """The receipt as the planner takes it (``TypeError`` / ``ValueError`` for a node id
         or a uuid that is not an int: they go into events as they are)."""

@@ -196,9 +196,9 @@ class HybridReqToTokenPool(ReqToTokenPool):
         if len({id(req) for req in reqs}) != len(reqs):
             raise ValueError("a request is named twice in one alloc")
         fresh = [req for req in reqs if req.kv.req_pool_idx is None]
-        for req in fresh:  # a slot the request brings goes into the events as it is
-            if req.kv.mamba_pool_idx is not None:
-                as_int(req.kv.mamba_pool_idx, "mamba_pool_idx", low=1)
+        # The running slot each new request brings (0: none), checked: it goes into events.
+        brought = [0 if req.kv.mamba_pool_idx is None else
+                   as_int(req.kv.mamba_pool_idx, "mamba_pool_idx", low=1) for req in fresh]
         for req in reqs:
             if req.kv.req_pool_idx is not None and req.kv.req_pool_idx not in \
                     self.engine.view.mamba.rows:
@@ -213,9 +213,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
         with self.engine.batch() as batch:
             if rows:
                 batch.emit(ReqAlloc(tuple(rows)))
-            granted = [plan_row_slots(batch, row, _slot(req.kv.mamba_pool_idx),
-                                      self._track_need(req)) for row, req in zip(rows, fresh,
-                                                                                 strict=True)]
+            granted = [plan_row_slots(batch, row, slot, self._track_need(req))
+                       for row, req, slot in zip(rows, fresh, brought, strict=True)]
             # The requests take their rows and slots inside the batch: a listener failing at
             # the commit raises after the events are applied.
             for row, req, slots in zip(rows, fresh, granted, strict=True):
@@ -300,8 +299,3 @@ def clear_mamba_fields(kv: Any) -> None:
 
 __all__ = ["HybridReqToTokenPool", "MambaMappingMirror", "MambaPool", "MambaSlotAllocator",
            "clear_mamba_fields", "tracking_slots"]
-
-
-def _slot(mamba_pool_idx: Any) -> int:
-    """The running slot a request brings (0: none), as a plain int (checked in ``alloc``)."""
-    return 0 if mamba_pool_idx is None else as_int(mamba_pool_idx, "mamba_pool_idx", low=1)

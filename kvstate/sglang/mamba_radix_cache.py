@@ -268,7 +268,7 @@ class MambaUnifiedRadixCache(MambaFlows, UnifiedRadixCache):
         with self.engine.batch() as batch:
             if receipt.node != ROOT:
                 plan_mamba_unlock(batch, receipt)
-            lock.release()  # inside the batch: a listener may fail at its commit
+            lock.released = True  # inside the batch: a listener may fail at its commit
 
     def release_swa(self, lock: HybridLock | None) -> None:
         """Release the SWA window of ``lock`` early, once, with its Mamba lock (below SWA in

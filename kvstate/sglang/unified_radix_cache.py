@@ -250,7 +250,7 @@ class UnifiedRadixCache(UnifiedFlows, FrontEndMixin):
         with self.engine.batch() as batch:
             if planned.node != ROOT:
                 plan_unified_unlock(batch, planned)
-            lock.release()  # inside the batch: a listener may fail at its commit
+            lock.released = True  # inside the batch: a listener may fail at its commit
 
     def release_swa(self, lock: HybridLock | None) -> None:
         """Release the SWA window of ``lock`` early, once.  Commits ``SwaUnlock``."""

@@ -47,7 +47,7 @@ from kvstate.vllm.hybrid_reads import HybridReads
 from kvstate.vllm.kv_cache_interface import group_layout, spec_kind, spec_sliding_window
 from kvstate.vllm.kv_events import KVCacheEvent
 from kvstate.vllm.manager_args import check_allocation, vllm_manager_args
-from kvstate.vllm.request import Request
+from kvstate.vllm.request import Request, request_id_of
 from kvstate.vllm.stats import PrefixCacheStats
 
 
@@ -238,7 +238,7 @@ class HybridKVCacheManager(HybridReads):
 
         Commits one ``BlockRelease`` (closing the group's table) per group that has one.
         """
-        request_id = request if isinstance(request, str) else request.request_id
+        request_id = request_id_of(request)
         self.idle_steps.drop(request_id)
         with CallBatch(self.engine) as b:
             plan_hybrid_free(b, self._holders(request_id), caching=self.enable_caching)

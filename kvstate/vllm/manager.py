@@ -52,7 +52,7 @@ from kvstate.vllm.manager_args import (
     one_group_arguments,
     vllm_manager_args,
 )
-from kvstate.vllm.request import Request
+from kvstate.vllm.request import Request, request_id_of
 from kvstate.vllm.stats import PrefixCacheStats
 
 
@@ -294,7 +294,7 @@ class KVCacheManager:
 
         Commits ``BlockRelease`` closing the request's table (when it has one).
         """
-        request_id = request if isinstance(request, str) else request.request_id
+        request_id = request_id_of(request)
         with CallBatch(self.engine) as b:
             plan_free_request(b, request_id, caching=self.enable_caching)
             self.running.pop(request_id, None)

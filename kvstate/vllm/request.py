@@ -224,6 +224,16 @@ class GroupChain:
 _PLAIN_EXTRAS: dict[int, tuple[tuple[tuple[str, int]], str]] = {}
 
 
+def request_id_of(request: Any) -> str:
+    """The id a ``free`` takes: a ``Request``'s, or a str given as it is (``TypeError`` for
+    anything else)."""
+    if isinstance(request, str):
+        return request
+    if isinstance(request, Request):
+        return request.request_id
+    raise TypeError(f"expected a Request or a request id (str), got {type(request).__name__}")
+
+
 def _plain_extra(group: int) -> tuple[tuple[tuple[str, int]], str]:
     found = _PLAIN_EXTRAS.get(group)
     if found is None:
